@@ -1,0 +1,225 @@
+//! lean-cli: generate text from a GGUF model on the command line, or benchmark it.
+mod bench;
+
+use clap::{Args, Parser, Subcommand};
+use lean::{ChatMessage, Engine, GenerateOptions, Model, Prompt, SamplingParams, Tokenizer};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(name = "lean-cli", version, about = "Generate text with a GGUF model (chat by default).")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Prefill and decode speed over repetitions, with peak memory.
+    Bench(bench::BenchArgs),
+}
+
+#[derive(Args, Clone)]
+pub struct Common {
+    /// The GGUF model file.
+    #[arg(long, short = 'm')]
+    pub model: Option<PathBuf>,
+    /// CPU threads (default: all cores).
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+    /// Context length: KV cache positions (capped at the model's).
+    #[arg(long, default_value_t = 4096)]
+    pub ctx: usize,
+    /// Compute backend.
+    #[arg(long, default_value = "cpu", value_parser = ["cpu"])]
+    pub backend: String,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    common: Common,
+    /// tokenizer.json, or a directory with tokenizer.json [+ tokenizer_config.json, chat_template.jinja].
+    /// Default: next to the model (a tokenizer.json there, or a directory whose name starts the model's file name).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// The user message (or the text to complete with --raw).
+    #[arg(long, short = 'p')]
+    prompt: Option<String>,
+    /// A system message for chat.
+    #[arg(long)]
+    system: Option<String>,
+    /// Plain completion of --prompt, without the chat template.
+    #[arg(long)]
+    raw: bool,
+    /// A JSON file with an OpenAI-style array of {"role", "content"} messages (multi-turn chat).
+    #[arg(long)]
+    messages: Option<PathBuf>,
+    /// Most tokens to generate.
+    #[arg(long, short = 'n', default_value_t = 256)]
+    tokens: usize,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print one JSON object at the end (prompt ids, generated ids, text, timings) instead of streaming.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Command::Bench(args)) => bench::run(args),
+        None => run(cli.run),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lean-cli: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+pub fn init_threads(threads: Option<usize>) -> CliResult<usize> {
+    let n = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if n == 0 {
+        return Err("--threads must be at least 1".into());
+    }
+    rayon::ThreadPoolBuilder::new().num_threads(n).build_global()?;
+    Ok(n)
+}
+
+pub fn load_model(common: &Common) -> CliResult<(Model, f64)> {
+    let path = common.model.as_ref().ok_or("--model is required")?;
+    let t = Instant::now();
+    let model = Model::load_file(path)?;
+    Ok((model, t.elapsed().as_secs_f64()))
+}
+
+/// A tokenizer.json next to the model, or a directory whose name the model's file name starts with.
+fn find_tokenizer(model: &Path) -> Option<PathBuf> {
+    let dir = model.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if dir.join("tokenizer.json").is_file() {
+        return Some(dir.to_path_buf());
+    }
+    let stem = model.file_stem()?.to_string_lossy().to_lowercase();
+    let mut best: Option<(usize, PathBuf)> = None;
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let name = entry.file_name().to_string_lossy().to_lowercase();
+        if entry.path().join("tokenizer.json").is_file() && stem.starts_with(&name) && best.as_ref().is_none_or(|(l, _)| name.len() > *l) {
+            best = Some((name.len(), entry.path()));
+        }
+    }
+    best.map(|(_, p)| p)
+}
+
+fn run(args: RunArgs) -> CliResult {
+    let threads = init_threads(args.common.threads)?;
+    let model_path = args.common.model.clone().ok_or("--model is required")?;
+    let tok_path = match &args.tokenizer {
+        Some(p) => p.clone(),
+        None => find_tokenizer(&model_path)
+            .ok_or("no tokenizer found next to the model: pass --tokenizer (a tokenizer.json or its directory)")?,
+    };
+    let prompt = if let Some(file) = &args.messages {
+        let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let messages: Vec<ChatMessage> = serde_json::from_str(&text)
+            .map_err(|e| format!("{}: expected a JSON array of {{\"role\", \"content\"}} objects: {e}", file.display()))?;
+        Prompt::Chat(messages)
+    } else {
+        let text = args.prompt.clone().ok_or("give --prompt TEXT (or --messages FILE)")?;
+        if args.raw {
+            Prompt::Raw(text)
+        } else {
+            let mut messages = Vec::new();
+            if let Some(system) = &args.system {
+                messages.push(ChatMessage { role: "system".into(), content: system.clone() });
+            }
+            messages.push(ChatMessage { role: "user".into(), content: text });
+            Prompt::Chat(messages)
+        }
+    };
+
+    let (model, load_seconds) = load_model(&args.common)?;
+    let t = Instant::now();
+    let tokenizer = Tokenizer::from_path(&tok_path)?;
+    let load_seconds = load_seconds + t.elapsed().as_secs_f64();
+    eprintln!("lean: {} ({})", model_path.display(), model.describe());
+    let mut engine = Engine::new(model, tokenizer, args.common.ctx)?;
+    eprintln!(
+        "lean: loaded in {:.2}s · backend cpu ({}, {threads} threads) · context {}",
+        load_seconds,
+        lean::quant::isa(),
+        engine.context_length()
+    );
+
+    let options = GenerateOptions {
+        max_tokens: args.tokens,
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            min_p: args.min_p,
+            repetition_penalty: args.repetition_penalty,
+            seed: args.seed,
+        },
+        stop_token_ids: None,
+    };
+    let stream = !args.json;
+    let mut stdout = std::io::stdout().lock();
+    let generation = engine.generate(&prompt, &options, |event| {
+        if stream {
+            let _ = stdout.write_all(event.text.as_bytes());
+            let _ = stdout.flush();
+        }
+        true
+    })?;
+    if stream {
+        let _ = writeln!(stdout);
+    }
+    let t = &generation.timings;
+    eprintln!(
+        "lean: prompt {} tokens, prefill {:.1} tok/s · generated {} tokens, decode {:.1} tok/s · finish: {}",
+        t.prompt_tokens,
+        t.prefill_tokens_per_second(),
+        t.generated_tokens,
+        t.decode_tokens_per_second(),
+        generation.finish_reason.as_str()
+    );
+    if args.json {
+        let out = serde_json::json!({
+            "prompt_ids": generation.prompt_ids,
+            "token_ids": generation.token_ids,
+            "text": generation.text,
+            "finish_reason": generation.finish_reason.as_str(),
+            "timings": {
+                "load_seconds": load_seconds,
+                "prompt_tokens": t.prompt_tokens,
+                "generated_tokens": t.generated_tokens,
+                "prefill_seconds": t.prefill_seconds,
+                "decode_seconds": t.decode_seconds,
+                "prefill_tokens_per_second": t.prefill_tokens_per_second(),
+                "decode_tokens_per_second": t.decode_tokens_per_second(),
+            },
+        });
+        writeln!(stdout, "{out}")?;
+    }
+    Ok(())
+}

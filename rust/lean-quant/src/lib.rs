@@ -1,0 +1,51 @@
+//! Tensor types and their kernels.
+//!
+//! `scalar` holds the reference dequantizers (bit-exact with gguf-py); the crate-level functions
+//! run the fastest kernel set for this machine (see `Isa`), whose weights equal the scalar
+//! dequantizer's bit for bit and whose sums are f32 in a different order.
+pub use lean_gguf::TensorType;
+pub mod scalar;
+mod kernels;
+
+pub use kernels::Isa;
+
+/// Which kernel set runs here ("avx512", "avx2", "simd128", "scalar"), for logs and benchmarks.
+pub fn isa() -> &'static str {
+    Isa::selected().name()
+}
+
+/// `dot(dequantize(row), x)`: `row` is one row of `x.len()` elements of type `ty`.
+///
+/// # Panics
+/// If `x.len()` is not a whole number of blocks or `row` is not exactly that many blocks.
+pub fn dot(ty: TensorType, row: &[u8], x: &[f32]) -> f32 {
+    Isa::selected().dot(ty, row, x)
+}
+
+/// Decode step: `y[r] = dot(row r of w, x)` for a `rows` x `cols` matrix `w`. Runs on the
+/// current rayon pool when the "threads" feature is on.
+///
+/// # Panics
+/// If the slice sizes do not match `rows`, `cols` and `ty`.
+pub fn matvec(ty: TensorType, w: &[u8], rows: usize, cols: usize, x: &[f32], y: &mut [f32]) {
+    Isa::selected().matvec(ty, w, rows, cols, x, y)
+}
+
+/// Prefill: `x` is `n` x `cols` (one token per row), `y` is `n` x `rows`:
+/// `y[t*rows + r] = dot(row r of w, row t of x)`. Dequantizes panels of weight rows once and
+/// runs an f32 register-tiled kernel over all tokens; parallel over panels with "threads".
+///
+/// # Panics
+/// If the slice sizes do not match `rows`, `cols`, `n` and `ty`.
+pub fn matmul(ty: TensorType, w: &[u8], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
+    Isa::selected().matmul(ty, w, rows, cols, x, n, y)
+}
+
+/// Dequantizes a whole row (e.g. an embedding lookup); values identical to
+/// `scalar::dequantize`.
+///
+/// # Panics
+/// If `dst.len()` is not a whole number of blocks or `src` is not exactly that many blocks.
+pub fn dequantize_row(ty: TensorType, src: &[u8], dst: &mut [f32]) {
+    Isa::selected().dequantize_row(ty, src, dst)
+}

@@ -1,0 +1,627 @@
+//! Chat templates rendered as transformers renders them
+//! (transformers/utils/chat_template_utils.py, `_cached_compile_jinja_template` and
+//! `render_jinja_template`): jinja2 with `trim_blocks`, `lstrip_blocks`, no trailing newline kept,
+//! loop controls, `raise_exception`, `strftime_now`, a `tojson` that is Python's `json.dumps`
+//! (`ensure_ascii=False` by default), and Python string/dict methods through minijinja-contrib's
+//! pycompat. Values print as Python prints them (`None`, `True`, `['a']`).
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use minijinja::value::{Kwargs, Value, ValueKind};
+use minijinja::{Environment, Error, ErrorKind, Output, State};
+use serde_json::Value as Json;
+
+use crate::TokenizerError;
+
+/// One chat message, as the `{role, content}` dicts transformers passes to templates.
+#[derive(serde::Deserialize, serde::Serialize, Clone, Debug, PartialEq, Eq)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage { role: role.into(), content: content.into() }
+    }
+}
+
+const TEMPLATE_NAME: &str = "chat_template";
+/// `strftime_now` reads the system clock while the pinned time is this.
+const CLOCK_NOT_PINNED: i64 = i64::MIN;
+
+pub(crate) struct ChatTemplate {
+    env: Environment<'static>,
+    pinned_time: Arc<AtomicI64>,
+}
+
+impl ChatTemplate {
+    /// The template transformers would use: the chat_template.jinja text when given, otherwise the
+    /// config's `chat_template` (a string, or the `default` entry of a `[{name, template}]` list).
+    pub(crate) fn resolve(config: &Json, file: Option<&str>) -> Result<String, TokenizerError> {
+        if let Some(text) = file {
+            return Ok(text.to_string());
+        }
+        match config.get("chat_template") {
+            None | Some(Json::Null) => Err(TokenizerError::NoChatTemplate(
+                "neither a chat_template.jinja nor a \"chat_template\" in tokenizer_config.json".into(),
+            )),
+            Some(Json::String(text)) => Ok(text.clone()),
+            Some(Json::Array(entries)) => {
+                let mut names = Vec::new();
+                for entry in entries {
+                    let name = entry.get("name").and_then(Json::as_str);
+                    let template = entry.get("template").and_then(Json::as_str);
+                    match (name, template) {
+                        (Some("default"), Some(template)) => return Ok(template.to_string()),
+                        (Some(name), Some(_)) => names.push(name.to_string()),
+                        _ => {
+                            return Err(TokenizerError::Config(
+                                "a \"chat_template\" list entry lacks a string \"name\" or \"template\"".into(),
+                            ))
+                        }
+                    }
+                }
+                Err(TokenizerError::NoChatTemplate(format!(
+                    "tokenizer_config.json has chat templates {names:?} but none named \"default\""
+                )))
+            }
+            Some(_) => Err(TokenizerError::Config("\"chat_template\" is neither a string nor a list".into())),
+        }
+    }
+
+    pub(crate) fn compile(source: String) -> Result<ChatTemplate, TokenizerError> {
+        let pinned_time = Arc::new(AtomicI64::new(CLOCK_NOT_PINNED));
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_keep_trailing_newline(false);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_formatter(python_formatter);
+        env.add_function("raise_exception", raise_exception);
+        env.add_filter("tojson", tojson);
+        let clock = Arc::clone(&pinned_time);
+        env.add_function("strftime_now", move |format: &str| -> Result<String, Error> {
+            let now = match clock.load(Ordering::Relaxed) {
+                CLOCK_NOT_PINNED => system_time()?,
+                pinned => pinned,
+            };
+            Ok(strftime(format, now))
+        });
+        env.add_template_owned(TEMPLATE_NAME, source).map_err(|e| TokenizerError::Template(describe(&e)))?;
+        Ok(ChatTemplate { env, pinned_time })
+    }
+
+    pub(crate) fn set_time(&self, unix_seconds: Option<i64>) {
+        self.pinned_time.store(unix_seconds.unwrap_or(CLOCK_NOT_PINNED), Ordering::Relaxed);
+    }
+
+    pub(crate) fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        special_tokens: &[(&'static str, String)],
+    ) -> Result<String, TokenizerError> {
+        let mut context: Vec<(&str, Value)> = vec![
+            ("messages", Value::from_serialize(messages)),
+            ("tools", Value::from(())),
+            ("documents", Value::from(())),
+            ("add_generation_prompt", Value::from(add_generation_prompt)),
+        ];
+        context.extend(special_tokens.iter().map(|(name, text)| (*name, Value::from(text.as_str()))));
+        let context: Value = context.into_iter().collect();
+        let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| TokenizerError::Template(describe(&e)))?;
+        template.render(context).map_err(|e| TokenizerError::Template(describe(&e)))
+    }
+}
+
+/// The error with its causes (a filter's failure is the cause of the render error).
+fn describe(error: &Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        let _ = write!(text, ": {cause}");
+        source = cause.source();
+    }
+    text
+}
+
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, format!("raise_exception: {message}")))
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn system_time() -> Result<i64, Error> {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("strftime_now: system clock: {e}")))?;
+    Ok(since_epoch.as_secs() as i64)
+}
+
+#[cfg(target_arch = "wasm32")]
+fn system_time() -> Result<i64, Error> {
+    Err(Error::new(
+        ErrorKind::InvalidOperation,
+        "strftime_now: wasm32 has no clock; call Tokenizer::set_template_time first",
+    ))
+}
+
+/// Prints values as jinja2 does (Python's `str`): strings raw, `None`, `True`/`False`, Python
+/// reprs for lists and dicts, Python float reprs. Autoescaping stays off, as in transformers.
+fn python_formatter(out: &mut Output, state: &State, value: &Value) -> Result<(), Error> {
+    match value.kind() {
+        ValueKind::String => out.write_str(value.as_str().unwrap_or_default()).map_err(Error::from),
+        ValueKind::None | ValueKind::Bool | ValueKind::Number | ValueKind::Seq | ValueKind::Map => {
+            let mut text = String::new();
+            python_str(&mut text, value)?;
+            out.write_str(&text).map_err(Error::from)
+        }
+        _ => minijinja::escape_formatter(out, state, value),
+    }
+}
+
+/// Python's `str(value)`: like `repr` except that a top-level string is itself.
+fn python_str(out: &mut String, value: &Value) -> Result<(), Error> {
+    match value.kind() {
+        ValueKind::String => out.push_str(value.as_str().unwrap_or_default()),
+        _ => python_repr(out, value)?,
+    }
+    Ok(())
+}
+
+fn python_repr(out: &mut String, value: &Value) -> Result<(), Error> {
+    match value.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("None"),
+        ValueKind::Bool => out.push_str(if value.is_true() { "True" } else { "False" }),
+        ValueKind::Number => write_number(out, value, "inf", "nan")?,
+        ValueKind::String => python_repr_str(out, value.as_str().unwrap_or_default()),
+        ValueKind::Seq | ValueKind::Iterable => {
+            out.push('[');
+            for (i, item) in value.try_iter()?.enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                python_repr(out, &item)?;
+            }
+            out.push(']');
+        }
+        ValueKind::Map => {
+            out.push('{');
+            for (i, key) in value.try_iter()?.enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                python_repr(out, &key)?;
+                out.push_str(": ");
+                python_repr(out, &value.get_item(&key)?)?;
+            }
+            out.push('}');
+        }
+        _ => out.push_str(&value.to_string()),
+    }
+    Ok(())
+}
+
+/// Python's `repr(str)`: single quotes unless the text has a `'` and no `"`.
+fn python_repr_str(out: &mut String, text: &str) {
+    let quote = if text.contains('\'') && !text.contains('"') { '"' } else { '\'' };
+    out.push(quote);
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if (c as u32) < 0x20 || c == '\x7f' => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+}
+
+/// An integer as is, a float as Python's `repr` writes it (`1.0`, `1e+16`, `1.5e-07`).
+fn write_number(out: &mut String, value: &Value, infinity: &str, nan: &str) -> Result<(), Error> {
+    if value.is_integer() {
+        let _ = write!(out, "{value}");
+        return Ok(());
+    }
+    let x = f64::try_from(value.clone())?;
+    if x.is_nan() {
+        out.push_str(nan);
+    } else if x.is_infinite() {
+        if x < 0.0 {
+            out.push('-');
+        }
+        out.push_str(infinity);
+    } else {
+        python_float_repr(out, x);
+    }
+    Ok(())
+}
+
+/// Python's float repr: the shortest round-tripping digits, positional for exponents -4..16,
+/// otherwise scientific with a sign and at least two exponent digits.
+fn python_float_repr(out: &mut String, x: f64) {
+    // Rust's `{:e}` gives the same shortest round-trip digits: "d.ddde-7".
+    let scientific = format!("{x:e}");
+    let (mantissa, exponent) = scientific.split_once('e').unwrap_or((&scientific, "0"));
+    let exponent: i32 = exponent.parse().unwrap_or(0);
+    let (sign, mantissa) = mantissa.strip_prefix('-').map_or(("", mantissa), |m| ("-", m));
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    out.push_str(sign);
+    if (-4..16).contains(&exponent) {
+        if exponent < 0 {
+            out.push_str("0.");
+            out.extend(std::iter::repeat_n('0', (-exponent - 1) as usize));
+            out.push_str(&digits);
+        } else {
+            let point = exponent as usize + 1;
+            if digits.len() <= point {
+                out.push_str(&digits);
+                out.extend(std::iter::repeat_n('0', point - digits.len()));
+                out.push_str(".0");
+            } else {
+                out.push_str(&digits[..point]);
+                out.push('.');
+                out.push_str(&digits[point..]);
+            }
+        }
+    } else {
+        out.push_str(&digits[..1]);
+        if digits.len() > 1 {
+            out.push('.');
+            out.push_str(&digits[1..]);
+        }
+        let _ = write!(out, "e{}{:02}", if exponent < 0 { '-' } else { '+' }, exponent.abs());
+    }
+}
+
+/// transformers' `tojson`: `json.dumps(x, ensure_ascii=False, indent=None, separators=None,
+/// sort_keys=False)`, options as keyword arguments.
+fn tojson(value: &Value, options: Kwargs) -> Result<String, Error> {
+    let ensure_ascii = options.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false);
+    let indent = match options.get::<Option<Value>>("indent")? {
+        None => None,
+        Some(v) if v.is_none() => None,
+        Some(v) if v.kind() == ValueKind::String => Some(v.as_str().unwrap_or_default().to_string()),
+        Some(v) => match v.as_i64() {
+            Some(n) => Some(" ".repeat(n.clamp(0, 1024) as usize)),
+            None => return Err(Error::new(ErrorKind::InvalidOperation, "tojson: indent must be an int or a string")),
+        },
+    };
+    let (item_separator, key_separator) = match options.get::<Option<Value>>("separators")? {
+        Some(v) if !v.is_none() => {
+            let parts: Vec<Value> = v.try_iter()?.collect();
+            match parts.as_slice() {
+                [item, key] if item.as_str().is_some() && key.as_str().is_some() => {
+                    (item.as_str().unwrap_or_default().to_string(), key.as_str().unwrap_or_default().to_string())
+                }
+                _ => {
+                    return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators must be two strings"))
+                }
+            }
+        }
+        // json.dumps: ", " without indent, "," with it (lines end there anyway).
+        _ => (if indent.is_some() { "," } else { ", " }.to_string(), ": ".to_string()),
+    };
+    let sort_keys = options.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
+    let dumper = JsonDumper { ensure_ascii, indent, item_separator, key_separator, sort_keys };
+    let mut out = String::new();
+    dumper.dump(&mut out, value, 0)?;
+    Ok(out)
+}
+
+struct JsonDumper {
+    ensure_ascii: bool,
+    indent: Option<String>,
+    item_separator: String,
+    key_separator: String,
+    sort_keys: bool,
+}
+
+impl JsonDumper {
+    fn dump(&self, out: &mut String, value: &Value, depth: usize) -> Result<(), Error> {
+        match value.kind() {
+            ValueKind::None => out.push_str("null"),
+            ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
+            ValueKind::Number => write_number(out, value, "Infinity", "NaN")?,
+            ValueKind::String => self.string(out, value.as_str().unwrap_or_default()),
+            ValueKind::Seq | ValueKind::Iterable => {
+                let items: Vec<Value> = value.try_iter()?.collect();
+                self.container(out, '[', ']', &items, depth, |out, item| self.dump(out, item, depth + 1))?;
+            }
+            ValueKind::Map => {
+                let mut entries = Vec::new();
+                for key in value.try_iter()? {
+                    let item = value.get_item(&key)?;
+                    entries.push((self.key(&key)?, item));
+                }
+                if self.sort_keys {
+                    entries.sort_by(|a, b| a.0.cmp(&b.0));
+                }
+                self.container(out, '{', '}', &entries, depth, |out, (key, item)| {
+                    self.string(out, key);
+                    out.push_str(&self.key_separator);
+                    self.dump(out, item, depth + 1)
+                })?;
+            }
+            kind => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("tojson: object of type {kind} is not JSON serializable"),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    fn container<T>(
+        &self,
+        out: &mut String,
+        open: char,
+        close: char,
+        items: &[T],
+        depth: usize,
+        mut write_item: impl FnMut(&mut String, &T) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        out.push(open);
+        if items.is_empty() {
+            out.push(close);
+            return Ok(());
+        }
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                out.push_str(&self.item_separator);
+            }
+            self.newline(out, depth + 1);
+            write_item(out, item)?;
+        }
+        self.newline(out, depth);
+        out.push(close);
+        Ok(())
+    }
+
+    fn newline(&self, out: &mut String, depth: usize) {
+        if let Some(indent) = &self.indent {
+            out.push('\n');
+            for _ in 0..depth {
+                out.push_str(indent);
+            }
+        }
+    }
+
+    /// json.dumps turns str, int, float, bool and None keys into strings.
+    fn key(&self, key: &Value) -> Result<String, Error> {
+        match key.kind() {
+            ValueKind::String => Ok(key.as_str().unwrap_or_default().to_string()),
+            ValueKind::None => Ok("null".into()),
+            ValueKind::Bool => Ok(if key.is_true() { "true" } else { "false" }.into()),
+            ValueKind::Number => {
+                let mut text = String::new();
+                write_number(&mut text, key, "Infinity", "NaN")?;
+                Ok(text)
+            }
+            kind => Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tojson: keys must be str, int, float, bool or None, not {kind}"),
+            )),
+        }
+    }
+
+    fn string(&self, out: &mut String, text: &str) {
+        out.push('"');
+        for c in text.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                '\u{8}' => out.push_str("\\b"),
+                '\u{c}' => out.push_str("\\f"),
+                c if (c as u32) < 0x20 => {
+                    let _ = write!(out, "\\u{:04x}", c as u32);
+                }
+                c if self.ensure_ascii && !(' '..='~').contains(&c) => {
+                    let mut units = [0u16; 2];
+                    for unit in c.encode_utf16(&mut units) {
+                        let _ = write!(out, "\\u{unit:04x}");
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+}
+
+/// A subset of C's strftime for `strftime_now`, in UTC: %a %A %b %B %d %e %H %I %j %m %M %p %S
+/// %y %Y %Z %z (empty, as for Python's naive datetime.now()) %%, a `-` flag drops zero padding (glibc's `%-d`); other directives stay as written.
+fn strftime(format: &str, unix_seconds: i64) -> String {
+    const DAYS: [&str; 7] = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"];
+    const MONTHS: [&str; 12] = [
+        "January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
+        "December",
+    ];
+    let days = unix_seconds.div_euclid(86_400);
+    let seconds_of_day = unix_seconds.rem_euclid(86_400);
+    let (year, month, day) = civil_from_days(days);
+    let weekday = (days + 4).rem_euclid(7) as usize; // 1970-01-01 was a Thursday
+    let day_of_year = days - days_from_civil(year, 1, 1) + 1;
+    let (hour, minute, second) = (seconds_of_day / 3600, seconds_of_day / 60 % 60, seconds_of_day % 60);
+    let hour12 = if hour % 12 == 0 { 12 } else { hour % 12 };
+
+    let mut out = String::new();
+    let mut chars = format.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let unpadded = chars.next_if_eq(&'-').is_some();
+        let number = |out: &mut String, n: i64, width: usize| {
+            let _ = if unpadded { write!(out, "{n}") } else { write!(out, "{n:0width$}") };
+        };
+        match chars.next() {
+            Some('a') => out.push_str(&DAYS[weekday][..3]),
+            Some('A') => out.push_str(DAYS[weekday]),
+            Some('b') | Some('h') => out.push_str(&MONTHS[month as usize - 1][..3]),
+            Some('B') => out.push_str(MONTHS[month as usize - 1]),
+            Some('d') => number(&mut out, day, 2),
+            Some('e') => {
+                let _ = if unpadded { write!(out, "{day}") } else { write!(out, "{day:2}") };
+            }
+            Some('H') => number(&mut out, hour, 2),
+            Some('I') => number(&mut out, hour12, 2),
+            Some('j') => number(&mut out, day_of_year, 3),
+            Some('m') => number(&mut out, month, 2),
+            Some('M') => number(&mut out, minute, 2),
+            Some('p') => out.push_str(if hour < 12 { "AM" } else { "PM" }),
+            Some('S') => number(&mut out, second, 2),
+            Some('y') => number(&mut out, year.rem_euclid(100), 2),
+            Some('Y') => {
+                let _ = write!(out, "{year}");
+            }
+            // datetime.now() is naive: no zone name or offset.
+            Some('Z') | Some('z') => {}
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                if unpadded {
+                    out.push('-');
+                }
+                out.push(other);
+            }
+            None => {
+                out.push('%');
+                if unpadded {
+                    out.push('-');
+                }
+            }
+        }
+    }
+    out
+}
+
+/// (year, month 1..=12, day 1..=31) of a day count since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153; // March = 0
+    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
+    let month = if month_index < 10 { month_index + 3 } else { month_index - 9 };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let year_of_era = year.rem_euclid(400);
+    let month_index = if month > 2 { month - 3 } else { month + 9 };
+    let day_of_year = (153 * month_index + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render(source: &str, context: Value) -> Result<String, TokenizerError> {
+        let chat = ChatTemplate::compile(source.to_string())?;
+        chat.set_time(Some(1_722_470_400 + 13 * 3600 + 5 * 60 + 9)); // 2024-08-01 13:05:09 UTC
+        let template = chat.env.get_template(TEMPLATE_NAME).map_err(|e| TokenizerError::Template(describe(&e)))?;
+        template.render(context).map_err(|e| TokenizerError::Template(describe(&e)))
+    }
+
+    fn data(json: &str) -> Value {
+        Value::from_serialize(serde_json::from_str::<Json>(json).unwrap())
+    }
+
+    // Expected strings below are what transformers' jinja environment renders (checked with
+    // ~/.cache/lean/venv's transformers 5.24 / jinja2).
+    #[test]
+    fn tojson_matches_python_json_dumps() {
+        // A template literal keeps the key order (serde_json's maps would sort it).
+        let source = r#"{% set x = {"name": "f", "z": [1, 2.5, 1e16, 1e-7, true, none], "s": s, "e": {}, "l": []} %}"#;
+        let context = Value::from_iter([("s", Value::from("é\"\\\n\u{1}😀<&>"))]);
+        assert_eq!(
+            render(&format!("{source}{{{{ x | tojson }}}}"), context.clone()).unwrap(),
+            r#"{"name": "f", "z": [1, 2.5, 1e+16, 1e-07, true, null], "s": "é\"\\\n\u0001😀<&>", "e": {}, "l": []}"#
+        );
+        assert_eq!(
+            render(&format!("{source}{{{{ x.z | tojson(indent=2) }}}}"), context.clone()).unwrap(),
+            "[\n  1,\n  2.5,\n  1e+16,\n  1e-07,\n  true,\n  null\n]"
+        );
+        assert_eq!(
+            render(
+                &format!("{source}{{{{ x | tojson(ensure_ascii=True, sort_keys=True, separators=(',', ':')) }}}}"),
+                context
+            )
+            .unwrap(),
+            r#"{"e":{},"l":[],"name":"f","s":"\u00e9\"\\\n\u0001\ud83d\ude00<&>","z":[1,2.5,1e+16,1e-07,true,null]}"#
+        );
+    }
+
+    #[test]
+    fn values_print_like_python() {
+        let context = Value::from_iter([("x", data(r#"{"a": [1, "it's", null, false], "b": 0.1}"#))]);
+        assert_eq!(
+            render("{{ none }} {{ true }} {{ x.a }} {{ x }} {{ x.b * 3 }} {{ 2.0 }}", context).unwrap(),
+            r#"None True [1, "it's", None, False] {'a': [1, "it's", None, False], 'b': 0.1} 0.30000000000000004 2.0"#
+        );
+    }
+
+    #[test]
+    fn whitespace_control_and_loop_controls_match_jinja2() {
+        let source = "{% for i in range(5) %}\n  {% if i == 3 %}{% break %}{% endif %}\n  {{ i }}\n{% endfor %}\n";
+        assert_eq!(render(source, Value::from(())).unwrap(), "  0\n  1\n  2\n");
+    }
+
+    #[test]
+    fn python_string_methods_work() {
+        let context = Value::from_iter([("s", Value::from("  Hello World  "))]);
+        assert_eq!(
+            render("{{ s.strip().lower() }}|{{ s.split() }}|{{ s.strip().startswith('Hel') }}", context).unwrap(),
+            "hello world|['Hello', 'World']|True"
+        );
+    }
+
+    #[test]
+    fn raise_exception_reports_its_message() {
+        let err = render("{{ raise_exception('Conversation roles must alternate') }}", Value::from(())).unwrap_err();
+        assert!(err.to_string().contains("Conversation roles must alternate"), "{err}");
+    }
+
+    #[test]
+    fn strftime_now_formats_the_pinned_time() {
+        assert_eq!(
+            render("{{ strftime_now('%d %b %Y|%A %B %-d %e|%H:%M:%S %I%p|%j %y %Z %z %% %Q') }}", Value::from(()))
+                .unwrap(),
+            "01 Aug 2024|Thursday August 1  1|13:05:09 01PM|214 24   % %Q"
+        );
+    }
+
+    #[test]
+    fn civil_dates_round_trip() {
+        for days in (-800_000..800_000).step_by(997) {
+            let (y, m, d) = civil_from_days(days);
+            assert_eq!(days_from_civil(y, m, d), days);
+        }
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(19_783), (2024, 3, 1));
+        assert_eq!(civil_from_days(19_782), (2024, 2, 29));
+    }
+}

@@ -1,0 +1,244 @@
+//! The CPU backend: runs the transformer with lean-quant's SIMD kernels and rayon threads.
+//!
+//! A prompt is processed as a batch (matrix-matrix products over all its tokens, in chunks of
+//! `PREFILL_CHUNK`), a generated token alone (matrix-vector products).
+pub mod ops;
+
+use crate::error::{LeanError, Result};
+use crate::model::{Matrix, Model};
+use ops::RopeTable;
+
+/// Tokens per prefill batch: bounds the scratch memory while keeping the matmuls large.
+pub const PREFILL_CHUNK: usize = 256;
+
+/// Keys and values of every layer for `capacity` positions.
+pub struct KvCache {
+    capacity: usize,
+    kv_dim: usize,
+    /// [layer][position][kv_dim]
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+impl KvCache {
+    pub fn new(n_layers: usize, capacity: usize, kv_dim: usize) -> Self {
+        // vec![0.0; n] is a zeroed allocation: pages are committed as positions fill.
+        let n = n_layers * capacity * kv_dim;
+        KvCache { capacity, kv_dim, k: vec![0.0; n], v: vec![0.0; n] }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn bytes(&self) -> usize {
+        (self.k.len() + self.v.len()) * 4
+    }
+
+    fn layer(&self, l: usize) -> (&[f32], &[f32]) {
+        let s = l * self.capacity * self.kv_dim;
+        let e = s + self.capacity * self.kv_dim;
+        (&self.k[s..e], &self.v[s..e])
+    }
+
+    fn store(&mut self, l: usize, pos: usize, k: &[f32], v: &[f32]) {
+        let s = (l * self.capacity + pos) * self.kv_dim;
+        self.k[s..s + k.len()].copy_from_slice(k);
+        self.v[s..s + v.len()].copy_from_slice(v);
+    }
+}
+
+/// Activations for a batch of up to `n` tokens, reused across calls (no allocation per token).
+#[derive(Default)]
+struct Scratch {
+    x: Vec<f32>,
+    h: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    o: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    act: Vec<f32>,
+    last: Vec<f32>,
+}
+
+fn fit(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    v.resize(n, 0.0);
+    &mut v[..n]
+}
+
+/// One conversation's state on the CPU: KV cache, position, scratch.
+pub struct CpuSession {
+    kv: KvCache,
+    rope: RopeTable,
+    pos: usize,
+    scratch: Scratch,
+}
+
+/// Which positions of a forward pass need logits.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum Logits {
+    /// Only the last token's (generation).
+    Last,
+    /// Every token's (teacher-forced evaluation).
+    All,
+}
+
+impl CpuSession {
+    pub fn new(model: &Model, context_length: usize) -> Self {
+        let c = &model.config;
+        CpuSession {
+            kv: KvCache::new(c.n_layers, context_length, c.kv_dim()),
+            rope: RopeTable::new(c, context_length),
+            pos: 0,
+            scratch: Scratch::default(),
+        }
+    }
+
+    /// Tokens in the cache.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    pub fn context_length(&self) -> usize {
+        self.kv.capacity()
+    }
+
+    pub fn kv_bytes(&self) -> usize {
+        self.kv.bytes()
+    }
+
+    /// Forgets cached positions from `pos` on (e.g. 0 for a new conversation).
+    pub fn truncate(&mut self, pos: usize) {
+        self.pos = self.pos.min(pos);
+    }
+
+    /// Runs `tokens` through the model after the cached positions. Calls `on_logits(i, logits)`
+    /// for the last token (or every token with `Logits::All`), i = index in `tokens`.
+    pub fn forward(&mut self, model: &Model, tokens: &[u32], want: Logits, mut on_logits: impl FnMut(usize, &[f32])) -> Result<()> {
+        let vocab = model.config.vocab_size;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(LeanError::InvalidArgument(format!("token id {bad} is outside the vocabulary ({vocab})")));
+        }
+        if self.pos + tokens.len() > self.kv.capacity() {
+            return Err(LeanError::PromptTooLong { prompt_tokens: self.pos + tokens.len(), context_length: self.kv.capacity() });
+        }
+        let mut done = 0;
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            let is_last_chunk = done + chunk.len() == tokens.len();
+            self.forward_chunk(model, chunk, want, is_last_chunk, |i, l| on_logits(done + i, l));
+            done += chunk.len();
+        }
+        Ok(())
+    }
+
+    fn forward_chunk(&mut self, model: &Model, tokens: &[u32], want: Logits, is_last_chunk: bool, mut on_logits: impl FnMut(usize, &[f32])) {
+        let c = &model.config;
+        let w = &model.weights;
+        let n = tokens.len();
+        let (e, qd, kvd, ff, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff, c.head_dim);
+        let pos0 = self.pos;
+        let s = &mut self.scratch;
+
+        let x = fit(&mut s.x, n * e);
+        for (t, &tok) in tokens.iter().enumerate() {
+            let row = w.token_embd.ty.row_bytes(e).expect("validated at load");
+            let data = &model.data(&w.token_embd)[tok as usize * row..(tok as usize + 1) * row];
+            lean_quant::dequantize_row(w.token_embd.ty, data, &mut x[t * e..(t + 1) * e]);
+        }
+
+        for (l, lw) in w.layers.iter().enumerate() {
+            let h = fit(&mut s.h, n * e);
+            ops::rms_norm(&s.x, &lw.attn_norm, c.rms_eps, h);
+            let q = fit(&mut s.q, n * qd);
+            let k = fit(&mut s.k, n * kvd);
+            let v = fit(&mut s.v, n * kvd);
+            linear(model, &lw.wq, h, n, q);
+            linear(model, &lw.wk, h, n, k);
+            linear(model, &lw.wv, h, n, v);
+            for (b, y) in [(&lw.bq, &mut *q), (&lw.bk, &mut *k), (&lw.bv, &mut *v)] {
+                if let Some(b) = b {
+                    ops::add_bias(y, b);
+                }
+            }
+            for t in 0..n {
+                self.rope.apply(&mut q[t * qd..(t + 1) * qd], hd, pos0 + t);
+                self.rope.apply(&mut k[t * kvd..(t + 1) * kvd], hd, pos0 + t);
+                self.kv.store(l, pos0 + t, &k[t * kvd..(t + 1) * kvd], &v[t * kvd..(t + 1) * kvd]);
+            }
+            let attn = fit(&mut s.attn, n * qd);
+            attention(c, self.kv.layer(l), q, pos0, attn);
+            let o = fit(&mut s.o, n * e);
+            linear(model, &lw.wo, attn, n, o);
+            ops::add_in_place(&mut s.x, o);
+
+            let h = fit(&mut s.h, n * e);
+            ops::rms_norm(&s.x, &lw.ffn_norm, c.rms_eps, h);
+            let gate = fit(&mut s.gate, n * ff);
+            let up = fit(&mut s.up, n * ff);
+            linear(model, &lw.w_gate, h, n, gate);
+            linear(model, &lw.w_up, h, n, up);
+            let act = fit(&mut s.act, n * ff);
+            ops::silu_mul(gate, up, act);
+            let o = fit(&mut s.o, n * e);
+            linear(model, &lw.w_down, act, n, o);
+            ops::add_in_place(&mut s.x, o);
+        }
+        self.pos += n;
+
+        // Logits only for the rows that need them.
+        let first = match want {
+            Logits::All => 0,
+            Logits::Last if is_last_chunk => n - 1,
+            Logits::Last => return,
+        };
+        let rows = n - first;
+        let h = fit(&mut s.h, rows * e);
+        ops::rms_norm(&s.x[first * e..], &w.output_norm, c.rms_eps, h);
+        let vocab = c.vocab_size;
+        let logits = fit(&mut s.last, rows * vocab);
+        linear(model, &w.output, h, rows, logits);
+        for r in 0..rows {
+            on_logits(first + r, &logits[r * vocab..(r + 1) * vocab]);
+        }
+    }
+}
+
+/// y = x · Wᵀ for `n` rows of x: matrix-vector for one token, batched matmul for several.
+fn linear(model: &Model, m: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
+    let data = model.data(m);
+    if n == 1 {
+        lean_quant::matvec(m.ty, data, m.rows, m.cols, x, y);
+    } else {
+        lean_quant::matmul(m.ty, data, m.rows, m.cols, x, n, y);
+    }
+}
+
+/// Causal multi-head attention (grouped-query): token t of the batch sits at position pos0 + t and
+/// sees positions 0..=pos0+t. Parallel over (token, head).
+fn attention(c: &crate::config::ModelConfig, (kc, vc): (&[f32], &[f32]), q: &[f32], pos0: usize, out: &mut [f32]) {
+    let hd = c.head_dim;
+    let group = c.n_heads / c.n_kv_heads;
+    let kvd = c.kv_dim();
+    let scale = 1.0 / (hd as f32).sqrt();
+    let one = |idx: usize, out: &mut [f32], scores: &mut Vec<f32>| {
+        let (t, h) = (idx / c.n_heads, idx % c.n_heads);
+        let kv_off = (h / group) * hd;
+        let qh = &q[t * c.q_dim() + h * hd..][..hd];
+        ops::attend(qh, &kc[kv_off..], &vc[kv_off..], kvd, pos0 + t + 1, scale, scores, out);
+    };
+    #[cfg(feature = "threads")]
+    {
+        use rayon::prelude::*;
+        out.par_chunks_mut(hd).enumerate().for_each_init(Vec::new, |scores, (i, o)| one(i, o, scores));
+    }
+    #[cfg(not(feature = "threads"))]
+    {
+        let mut scores = Vec::new();
+        for (i, o) in out.chunks_mut(hd).enumerate() {
+            one(i, o, &mut scores);
+        }
+    }
+}

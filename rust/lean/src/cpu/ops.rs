@@ -1,0 +1,187 @@
+//! The element-wise and attention operations of the forward pass, written to follow HF
+//! transformers' float32 arithmetic step by step (same operations in the same order per element),
+//! so that only summation order can differ from the reference.
+use crate::config::{ModelConfig, RopeStyle};
+
+/// HF LlamaRMSNorm: `w * (x * rsqrt(mean(x²) + eps))`, per row of `x`.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let n = w.len();
+    for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        let sum_sq: f32 = sum_f32(xr.iter().map(|v| v * v));
+        let inv = 1.0 / (sum_sq / n as f32 + eps).sqrt();
+        for ((o, &xv), &wv) in or.iter_mut().zip(xr).zip(w) {
+            *o = wv * (xv * inv);
+        }
+    }
+}
+
+/// Sums with 8 independent partial sums (vectorizes; closer to torch's blocked reduction than a
+/// single running sum).
+fn sum_f32(it: impl Iterator<Item = f32>) -> f32 {
+    let mut acc = [0f32; 8];
+    for (i, v) in it.enumerate() {
+        acc[i % 8] += v;
+    }
+    acc.iter().sum()
+}
+
+/// Adds `b` to every row of `x`.
+pub fn add_bias(x: &mut [f32], b: &[f32]) {
+    for row in x.chunks_exact_mut(b.len()) {
+        for (v, &bv) in row.iter_mut().zip(b) {
+            *v += bv;
+        }
+    }
+}
+
+pub fn add_in_place(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// SwiGLU: `silu(gate) * up`, silu(g) = g * sigmoid(g) as torch computes it.
+pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        let sigmoid = 1.0 / (1.0 + (-g).exp());
+        *o = (g * sigmoid) * u;
+    }
+}
+
+/// cos/sin per (position, frequency), computed as HF's rotary embedding does in float32:
+/// inv_freq = 1 / base^(2i/d), angle = position · inv_freq.
+pub struct RopeTable {
+    pub half: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    style: RopeStyle,
+    rope_dim: usize,
+}
+
+impl RopeTable {
+    pub fn new(c: &ModelConfig, positions: usize) -> Self {
+        let half = c.rope_dim / 2;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| {
+                let exponent = (2 * i) as f32 / c.rope_dim as f32;
+                1.0 / c.rope_base.powf(exponent) / c.rope_linear_factor
+            })
+            .collect();
+        let mut cos = Vec::with_capacity(positions * half);
+        let mut sin = Vec::with_capacity(positions * half);
+        for p in 0..positions {
+            for &f in &inv_freq {
+                let angle = p as f32 * f;
+                cos.push(angle.cos());
+                sin.push(angle.sin());
+            }
+        }
+        RopeTable { half, cos, sin, style: c.rope_style, rope_dim: c.rope_dim }
+    }
+
+    pub fn positions(&self) -> usize {
+        self.cos.len() / self.half.max(1)
+    }
+
+    /// Rotates every head of one token's q or k (`x` = n_heads × head_dim) at position `pos`.
+    pub fn apply(&self, x: &mut [f32], head_dim: usize, pos: usize) {
+        let cos = &self.cos[pos * self.half..(pos + 1) * self.half];
+        let sin = &self.sin[pos * self.half..(pos + 1) * self.half];
+        for head in x.chunks_exact_mut(head_dim) {
+            let head = &mut head[..self.rope_dim];
+            for i in 0..self.half {
+                let (a, b) = match self.style {
+                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                    RopeStyle::Neox => (i, i + self.half),
+                };
+                let (x0, x1) = (head[a], head[b]);
+                // HF: q*cos + rotate_half(q)*sin, rotate_half = (-x1, x0)
+                head[a] = x0 * cos[i] + (-x1) * sin[i];
+                head[b] = x1 * cos[i] + x0 * sin[i];
+            }
+        }
+    }
+}
+
+/// Causal attention of one query head over `len` cached positions.
+/// `k`/`v` are the layer's cache rows (stride `kv_stride`), starting at this head's kv offset.
+pub fn attend(q: &[f32], k: &[f32], v: &[f32], kv_stride: usize, len: usize, scale: f32, scores: &mut Vec<f32>, out: &mut [f32]) {
+    let d = q.len();
+    scores.clear();
+    let mut max = f32::NEG_INFINITY;
+    for p in 0..len {
+        let kr = &k[p * kv_stride..p * kv_stride + d];
+        let s = dot(q, kr) * scale;
+        max = max.max(s);
+        scores.push(s);
+    }
+    let mut sum = 0f32;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    out.fill(0.0);
+    for (p, &s) in scores.iter().enumerate() {
+        let w = s / sum;
+        let vr = &v[p * kv_stride..p * kv_stride + d];
+        for (o, &vv) in out.iter_mut().zip(vr) {
+            *o += w * vv;
+        }
+    }
+}
+
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        for l in 0..8 {
+            acc[l] += a[c * 8 + l] * b[c * 8 + l];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for i in chunks * 8..a.len() {
+        s += a[i] * b[i];
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_matches_definition() {
+        let x = [1.0f32, -2.0, 3.0, 0.5];
+        let w = [1.0f32, 2.0, 0.5, -1.0];
+        let mut out = [0f32; 4];
+        rms_norm(&x, &w, 1e-5, &mut out);
+        let ms = (1.0 + 4.0 + 9.0 + 0.25) / 4.0;
+        let inv = 1.0 / ((ms + 1e-5f64).sqrt());
+        for i in 0..4 {
+            let want = w[i] as f64 * x[i] as f64 * inv;
+            assert!((out[i] as f64 - want).abs() < 1e-6, "{i}: {} vs {want}", out[i]);
+        }
+    }
+
+    #[test]
+    fn attention_of_one_position_returns_its_value() {
+        let q = [0.3f32, -0.1];
+        let k = [1.0f32, 2.0];
+        let v = [5.0f32, -7.0];
+        let mut out = [0f32; 2];
+        attend(&q, &k, &v, 2, 1, 0.7, &mut Vec::new(), &mut out);
+        assert_eq!(out, [5.0, -7.0]);
+    }
+
+    #[test]
+    fn softmax_weights_follow_scores() {
+        // two positions with scores 0 and ln(3): weights 1/4 and 3/4
+        let q = [1.0f32];
+        let k = [0.0f32, 3f32.ln()];
+        let v = [4.0f32, 8.0];
+        let mut out = [0f32; 1];
+        attend(&q, &k, &v, 1, 2, 1.0, &mut Vec::new(), &mut out);
+        assert!((out[0] - 7.0).abs() < 1e-5, "{}", out[0]);
+    }
+}

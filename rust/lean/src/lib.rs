@@ -1,0 +1,22 @@
+//! lean: a small LLM inference engine. GGUF bytes → model → tokens.
+//!
+//! * [`model`]: loading, one file per architecture ([`config`] holds the hyper-parameters)
+//! * [`cpu`]: the CPU backend (SIMD kernels from `lean-quant`, rayon threads)
+//! * [`sampling`]: logits processors and samplers with transformers' semantics
+//! * [`engine`]: tokenizer + model + backend, the generation loop
+pub mod config;
+pub mod cpu;
+pub mod engine;
+pub mod error;
+pub mod model;
+pub mod sampling;
+
+pub use config::{Architecture, ModelConfig};
+pub use engine::{Engine, FinishReason, GenerateOptions, Generation, Prompt, Timings, TokenEvent};
+pub use error::{LeanError, Result};
+pub use lean_gguf as gguf;
+pub use lean_quant as quant;
+pub use lean_tokenizer as tokenizer;
+pub use lean_tokenizer::{ChatMessage, Tokenizer};
+pub use model::{Model, ModelBytes};
+pub use sampling::SamplingParams;

@@ -1,0 +1,253 @@
+//! Choosing the next token, with transformers' names and semantics: logits processors
+//! (repetition penalty, then the warpers temperature → top-k → top-p → min-p, in the order
+//! `GenerationMixin._get_logits_processor` applies them), then greedy argmax or a draw from the
+//! softmax with a seeded, deterministic RNG.
+use crate::error::{LeanError, Result};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy decoding (argmax); the warpers are then not applied.
+    pub temperature: f32,
+    /// Keep the k most likely tokens; 0 disables.
+    pub top_k: usize,
+    /// Keep the smallest set whose probability reaches top_p; 1.0 disables.
+    pub top_p: f32,
+    /// Drop tokens below min_p × the top token's probability; 0 disables.
+    pub min_p: f32,
+    /// CTRL-style penalty on every token already in the sequence (prompt included); 1.0 disables.
+    pub repetition_penalty: f32,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, repetition_penalty: 1.0, seed: 0 }
+    }
+}
+
+impl SamplingParams {
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(LeanError::InvalidArgument(m));
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return bad(format!("temperature must be a finite number ≥ 0, got {}", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad(format!("min_p must be in [0, 1], got {}", self.min_p));
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return bad(format!("repetition_penalty must be > 0, got {}", self.repetition_penalty));
+        }
+        Ok(())
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+}
+
+/// SplitMix64: small, fast, and the same sequence on every platform (wasm included).
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+pub struct Sampler {
+    params: SamplingParams,
+    rng: Rng,
+    /// Candidate (token, logit) pairs, reused between steps.
+    candidates: Vec<(u32, f32)>,
+}
+
+/// RepetitionPenaltyLogitsProcessor: a seen token's logit is divided by the penalty when
+/// positive, multiplied when negative.
+pub fn apply_repetition_penalty(logits: &mut [f32], seen: &[u32], penalty: f32) {
+    if penalty == 1.0 {
+        return;
+    }
+    let mut done = std::collections::HashSet::new();
+    for &t in seen {
+        if let Some(l) = logits.get_mut(t as usize) {
+            if done.insert(t) {
+                *l = if *l < 0.0 { *l * penalty } else { *l / penalty };
+            }
+        }
+    }
+}
+
+/// Index of the largest logit; the first one on ties (as torch.argmax).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Result<Self> {
+        params.validate()?;
+        let rng = Rng::new(params.seed);
+        Ok(Sampler { params, rng, candidates: Vec::new() })
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Picks the next token. `seen` is the whole sequence so far (prompt and generated tokens).
+    pub fn sample(&mut self, logits: &mut [f32], seen: &[u32]) -> u32 {
+        apply_repetition_penalty(logits, seen, self.params.repetition_penalty);
+        if self.params.is_greedy() {
+            return argmax(logits);
+        }
+        let p = &self.params;
+        // TemperatureLogitsWarper
+        let c = &mut self.candidates;
+        c.clear();
+        c.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)));
+        c.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        // TopKLogitsWarper: keep every token whose logit reaches the k-th largest (ties kept).
+        if p.top_k > 0 && p.top_k < c.len() {
+            let threshold = c[p.top_k - 1].1;
+            let keep = c.iter().take_while(|x| x.1 >= threshold).count();
+            c.truncate(keep);
+        }
+        // TopPLogitsWarper: drop the least likely tokens whose cumulative probability (ascending)
+        // stays ≤ 1 - top_p; always keep the most likely one.
+        if p.top_p < 1.0 {
+            let probs = softmax(c.iter().map(|x| x.1));
+            let mut cumulative = 0.0f64;
+            let mut drop = 0;
+            for &pr in probs.iter().rev() {
+                cumulative += pr;
+                if cumulative <= 1.0 - p.top_p as f64 {
+                    drop += 1;
+                } else {
+                    break;
+                }
+            }
+            let keep = (c.len() - drop).max(1);
+            c.truncate(keep);
+        }
+        // MinPLogitsWarper: drop tokens with probability < min_p × top probability.
+        if p.min_p > 0.0 {
+            let probs = softmax(c.iter().map(|x| x.1));
+            let threshold = p.min_p as f64 * probs[0];
+            let keep = probs.iter().take_while(|&&pr| pr >= threshold).count().max(1);
+            c.truncate(keep);
+        }
+        let probs = softmax(c.iter().map(|x| x.1));
+        let mut u = self.rng.next_f64();
+        for (i, &pr) in probs.iter().enumerate() {
+            if u < pr {
+                return c[i].0;
+            }
+            u -= pr;
+        }
+        c[c.len() - 1].0
+    }
+}
+
+/// Softmax in f64 of logits sorted in descending order.
+fn softmax(logits: impl Iterator<Item = f32> + Clone) -> Vec<f64> {
+    let max = logits.clone().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let exps: Vec<f64> = logits.map(|l| (l as f64 - max).exp()).collect();
+    let sum: f64 = exps.iter().sum();
+    exps.into_iter().map(|e| e / sum).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sampler(p: SamplingParams) -> Sampler {
+        Sampler::new(p).unwrap()
+    }
+
+    #[test]
+    fn greedy_takes_first_max() {
+        let mut s = sampler(SamplingParams::default());
+        assert_eq!(s.sample(&mut [1.0, 3.0, 3.0, -1.0], &[]), 1);
+    }
+
+    #[test]
+    fn repetition_penalty_follows_transformers() {
+        let mut l = [2.0f32, -2.0, 1.0];
+        apply_repetition_penalty(&mut l, &[0, 1, 0], 2.0);
+        assert_eq!(l, [1.0, -4.0, 1.0]);
+        // penalised token 0 (2.0 → 1.0) now ties with 2; greedy takes the first
+        let mut s = sampler(SamplingParams { repetition_penalty: 4.0, ..Default::default() });
+        assert_eq!(s.sample(&mut [2.0, -2.0, 1.0], &[0]), 2);
+    }
+
+    #[test]
+    fn top_k_one_is_greedy() {
+        let mut s = sampler(SamplingParams { temperature: 1.5, top_k: 1, seed: 7, ..Default::default() });
+        for _ in 0..50 {
+            assert_eq!(s.sample(&mut [0.1, 0.5, 0.4, 0.45], &[]), 1);
+        }
+    }
+
+    #[test]
+    fn top_p_keeps_smallest_nucleus() {
+        // probs ≈ [0.665, 0.245, 0.090]: top_p 0.7 keeps the first two, never the third
+        let mut s = sampler(SamplingParams { temperature: 1.0, top_p: 0.7, seed: 1, ..Default::default() });
+        let mut counts = [0; 3];
+        for _ in 0..2000 {
+            counts[s.sample(&mut [2.0, 1.0, 0.0], &[]) as usize] += 1;
+        }
+        assert_eq!(counts[2], 0);
+        assert!(counts[1] > 400 && counts[0] > 1000, "{counts:?}");
+    }
+
+    #[test]
+    fn min_p_drops_unlikely_tokens() {
+        // probs ≈ [0.665, 0.245, 0.090]; min_p 0.2 → threshold 0.133 drops token 2
+        let mut s = sampler(SamplingParams { temperature: 1.0, min_p: 0.2, seed: 3, ..Default::default() });
+        for _ in 0..500 {
+            assert_ne!(s.sample(&mut [2.0, 1.0, 0.0], &[]), 2);
+        }
+    }
+
+    #[test]
+    fn sampling_matches_distribution_and_seed_is_deterministic() {
+        let draw = |seed| {
+            let mut s = sampler(SamplingParams { temperature: 1.0, seed, ..Default::default() });
+            (0..4000).map(|_| s.sample(&mut [0.0, 2f32.ln(), 0.0], &[])).collect::<Vec<_>>()
+        };
+        let a = draw(42);
+        assert_eq!(a, draw(42));
+        assert_ne!(a, draw(43));
+        let ones = a.iter().filter(|&&t| t == 1).count() as f64 / a.len() as f64;
+        assert!((ones - 0.5).abs() < 0.03, "p(1) = {ones}");
+    }
+
+    #[test]
+    fn invalid_params_are_rejected() {
+        assert!(Sampler::new(SamplingParams { top_p: 0.0, ..Default::default() }).is_err());
+        assert!(Sampler::new(SamplingParams { temperature: -1.0, ..Default::default() }).is_err());
+        assert!(Sampler::new(SamplingParams { repetition_penalty: 0.0, ..Default::default() }).is_err());
+    }
+}

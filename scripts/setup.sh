@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what building and testing lean needs on a fresh Debian machine with rustup:
+# system packages, the wasm32 target. Idempotent and quiet when everything is there.
+set -euo pipefail
+need_apt=()
+for cmd in unzip:unzip sha256sum:coreutils cc:gcc pkg-config:pkg-config; do
+  command -v "${cmd%%:*}" >/dev/null 2>&1 || need_apt+=("${cmd##*:}")
+done
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: apt-get install ${need_apt[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "setup: cargo not found; install Rust with rustup first" >&2
+  exit 1
+fi
+rustup target list --installed | grep -q '^wasm32-unknown-unknown$' || rustup target add wasm32-unknown-unknown

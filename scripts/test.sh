@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs every test: fetches the test models (cached), then the Rust workspace's tests (unit,
+# kernels vs scalar references, malformed GGUFs, tokenizer/chat vs transformers, greedy and
+# teacher-forced parity with the HF fixtures on all five model files), then checks that the
+# library crates build for wasm32 (+simd128).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export LEAN_MODELS=${LEAN_MODELS:-$PWD/models}
+
+scripts/setup.sh
+scripts/fetch-test-models.sh "$LEAN_MODELS"
+
+echo "== cargo test (workspace)"
+cargo test --workspace --locked 2>&1
+
+echo "== wasm32 builds of the library crates"
+RUSTFLAGS='-C target-feature=+simd128 --cfg getrandom_backend="wasm_js"' \
+  cargo build --locked --target wasm32-unknown-unknown -p lean-gguf -p lean-quant -p lean-tokenizer -p lean --no-default-features
+echo "== all tests passed"
