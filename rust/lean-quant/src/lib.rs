@@ -9,7 +9,8 @@ mod kernels;
 
 pub use kernels::Isa;
 
-/// Which kernel set runs here ("avx512", "avx2", "simd128", "scalar"), for logs and benchmarks.
+/// Which kernel set runs here ("avx512", "avx2", "simd128", "neon", "scalar"), for logs and
+/// benchmarks.
 pub fn isa() -> &'static str {
     Isa::selected().name()
 }

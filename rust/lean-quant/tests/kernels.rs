@@ -74,7 +74,7 @@ fn random_matrix(rng: &mut Rng, ty: TensorType, rows: usize, cols: usize, raw_fl
             for block in w.chunks_exact_mut(ty.block_bytes()) {
                 for &at in f16_fields(ty) {
                     // Mostly ordinary scales, sometimes f16 subnormals.
-                    let scale = if rng.next_u64() % 8 == 0 { 1e-5 } else { 0.05 };
+                    let scale = if rng.next_u64().is_multiple_of(8) { 1e-5 } else { 0.05 };
                     block[at..at + 2].copy_from_slice(&finite_f16(rng, scale));
                 }
             }
@@ -133,6 +133,8 @@ fn the_paths_this_target_has_are_available() {
     }
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     assert_eq!(available, [Isa::Simd128, Isa::Scalar]);
+    #[cfg(target_arch = "aarch64")]
+    assert_eq!(available, [Isa::Neon, Isa::Scalar]);
 }
 
 #[test]

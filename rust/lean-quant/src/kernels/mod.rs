@@ -8,6 +8,7 @@
 //! order.
 
 use crate::TensorType;
+use std::ops::Range;
 use std::sync::OnceLock;
 
 #[cfg(target_arch = "x86_64")]
@@ -15,6 +16,8 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod fallback;
+#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+mod neon;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod simd128;
 
@@ -69,16 +72,21 @@ pub enum Isa {
     Avx2,
     /// wasm32 built with `-C target-feature=+simd128`.
     Simd128,
+    /// aarch64 NEON (part of the base target).
+    Neon,
     /// Portable code: the scalar dequantizers plus plain f32 loops.
     Scalar,
 }
 
 impl Isa {
+    /// The path's name as `crate::isa()` reports it ("avx512", "avx2", "simd128", "neon",
+    /// "scalar").
     pub fn name(self) -> &'static str {
         match self {
             Isa::Avx512 => "avx512",
             Isa::Avx2 => "avx2",
             Isa::Simd128 => "simd128",
+            Isa::Neon => "neon",
             Isa::Scalar => "scalar",
         }
     }
@@ -87,20 +95,20 @@ impl Isa {
     pub fn available() -> &'static [Isa] {
         static AVAILABLE: OnceLock<Vec<Isa>> = OnceLock::new();
         AVAILABLE.get_or_init(|| {
-            let mut isas = Vec::new();
-            #[cfg(target_arch = "x86_64")]
-            {
-                if avx512::supported() {
-                    isas.push(Isa::Avx512);
-                }
-                if avx2::supported() {
-                    isas.push(Isa::Avx2);
-                }
-            }
-            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-            isas.push(Isa::Simd128);
-            isas.push(Isa::Scalar);
-            isas
+            [
+                #[cfg(target_arch = "x86_64")]
+                (Isa::Avx512, avx512::supported()),
+                #[cfg(target_arch = "x86_64")]
+                (Isa::Avx2, avx2::supported()),
+                #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+                (Isa::Simd128, true),
+                #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+                (Isa::Neon, true),
+                (Isa::Scalar, true),
+            ]
+            .into_iter()
+            .filter_map(|(isa, supported)| supported.then_some(isa))
+            .collect()
         })
     }
 
@@ -128,6 +136,8 @@ impl Isa {
             Isa::Avx2 => &avx2::KERNELS,
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             Isa::Simd128 => &simd128::KERNELS,
+            #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+            Isa::Neon => &neon::KERNELS,
             Isa::Scalar => &fallback::KERNELS,
             #[allow(unreachable_patterns)] // `available()` never lists a path not compiled in.
             _ => unreachable!(),
@@ -171,7 +181,7 @@ impl Isa {
         #[cfg(feature = "threads")]
         {
             use rayon::prelude::*;
-            let tasks = parallel_tasks(rows * cols);
+            let tasks = parallel_tasks(rows.saturating_mul(cols));
             if tasks > 1 {
                 let chunk = rows.div_ceil(tasks);
                 y.par_chunks_mut(chunk).enumerate().for_each(|(i, ys)| rows_dot(i * chunk, ys));
@@ -192,49 +202,60 @@ impl Isa {
             x.len(),
             y.len()
         );
-        if cols == 0 {
+        if rows == 0 || cols == 0 {
             y.fill(0.0);
             return;
         }
         if n < MIN_BATCHED_TOKENS {
             // Too few tokens to pay for dequantizing panels: fused dots per token.
-            for (xt, yt) in x.chunks_exact(cols).zip(y.chunks_exact_mut(rows.max(1))) {
+            for (xt, yt) in x.chunks_exact(cols).zip(y.chunks_exact_mut(rows)) {
                 self.matvec(ty, w, rows, cols, xt, yt);
             }
             return;
         }
         let gemm = Panels { kernels, ty, w, row_bytes, rows, cols, x, y: SharedOut(y.as_mut_ptr()) };
         let panels = rows.div_ceil(kernels.gemm.panel_rows);
+        // Work items: a block of tokens times a group of panels. Within one, every panel
+        // passes over the same PACK_COLUMNS-wide slice of the block's activations before the
+        // next slice, so that slice stays in L2; each panel is dequantized once per token block.
         #[cfg(feature = "threads")]
-        {
+        let tasks = parallel_tasks(rows.saturating_mul(cols).saturating_mul(n));
+        #[cfg(not(feature = "threads"))]
+        let tasks = 1;
+        let block = if tasks > panels {
+            // Few panels (small `rows`) would leave threads idle: smaller token blocks.
+            TOKEN_BLOCK.min(n.div_ceil(tasks.div_ceil(panels)).max(MIN_SPLIT_TOKENS))
+        } else {
+            TOKEN_BLOCK
+        }
+        .min(n);
+        let token_blocks = n.div_ceil(block);
+        let group = panels.div_ceil(tasks.div_ceil(token_blocks).min(panels));
+        let groups = panels.div_ceil(group);
+        let run = |task: usize, scratch: &mut PanelScratch| {
+            let (first_token, first_panel) = (task / groups * block, task % groups * group);
+            let tokens = first_token..(first_token + block).min(n);
+            gemm.run(first_panel..(first_panel + group).min(panels), tokens, scratch);
+        };
+        #[cfg(feature = "threads")]
+        if tasks > 1 {
             use rayon::prelude::*;
-            let tasks = parallel_tasks(rows * cols * n);
-            if tasks > 1 {
-                // Few panels (small `rows`) would leave threads idle: also split the tokens,
-                // at the price of dequantizing a panel once per token range.
-                let token_splits = tasks.div_ceil(panels).clamp(1, n.div_ceil(MIN_SPLIT_TOKENS));
-                let per_split = n.div_ceil(token_splits);
-                (0..panels * token_splits)
-                    .into_par_iter()
-                    .for_each_init(PanelScratch::default, |scratch, task| {
-                        let first = (task % token_splits) * per_split;
-                        let tokens = first..(first + per_split).min(n);
-                        gemm.run(task / token_splits, tokens, scratch);
-                    });
-                return;
-            }
+            (0..token_blocks * groups).into_par_iter().for_each_init(PanelScratch::default, |scratch, task| run(task, scratch));
+            return;
         }
         let mut scratch = PanelScratch::default();
-        for panel in 0..panels {
-            gemm.run(panel, 0..n, &mut scratch);
+        for task in 0..token_blocks * groups {
+            run(task, &mut scratch);
         }
     }
 }
 
+/// Tokens per work item of `matmul`: their activation slices (PACK_COLUMNS wide, 128 KiB)
+/// stay in L2 while a group of panels passes over them.
+const TOKEN_BLOCK: usize = 128;
 /// Below this many tokens `matmul` runs fused matvecs instead of dequantizing panels.
-const MIN_BATCHED_TOKENS: usize = 3;
-/// A token range split off for parallelism keeps at least this many tokens.
-#[cfg(feature = "threads")]
+const MIN_BATCHED_TOKENS: usize = 4;
+/// A token block made smaller for parallelism keeps at least this many tokens.
 const MIN_SPLIT_TOKENS: usize = 32;
 /// Multiply-adds worth a rayon task (several microseconds of work).
 #[cfg(feature = "threads")]
@@ -305,86 +326,87 @@ struct PanelScratch {
     rows: Vec<f32>,
     /// One depth block of the panel, column-major: `packed[k*R + r]` is row r, column k.
     packed: Vec<f32>,
-    /// Output of a last, partial panel (`tokens x R`), copied into `y` afterwards.
+    /// Output of the last panel when it is partial (`tokens x R`), copied into `y` at the end.
     edge_out: Vec<f32>,
 }
 
 impl Panels<'_> {
-    /// Computes the outputs of panel `panel` for `tokens`: dequantizes its rows once, then runs
-    /// the micro-kernel over all those tokens, one depth block at a time so that the panel's
-    /// block stays in L1 while the tokens stream past.
-    fn run(&self, panel: usize, tokens: std::ops::Range<usize>, scratch: &mut PanelScratch) {
+    /// Computes the outputs of `panels` for `tokens`. PACK_COLUMNS columns at a time, for each
+    /// panel: dequantizes those columns of its rows (row-major, so that the row kernels write
+    /// contiguous runs), then for each depth block of them transposes it into the
+    /// column-major `packed` (L1-sized) and runs the micro-kernel over all the tokens.
+    fn run(&self, panels: Range<usize>, tokens: Range<usize>, scratch: &mut PanelScratch) {
         let Gemm { panel_rows, depth_block, tiles, pack } = self.kernels.gemm;
-        let (cols, rows) = (self.cols, self.rows);
-        let first_row = panel * panel_rows;
-        let panel_len = panel_rows.min(rows - first_row);
-
-        let n_tokens = tokens.len();
-        let edge = panel_len < panel_rows;
-        // SAFETY (both branches): `y` has n x rows elements and this task owns rows
-        // `first_row..first_row + panel_len` of tokens `tokens`.
-        let (out, out_stride) = if edge {
-            scratch.edge_out.resize(n_tokens * panel_rows, 0.0);
-            (scratch.edge_out.as_mut_ptr(), panel_rows)
-        } else {
-            (unsafe { self.y.0.add(tokens.start * rows + first_row) }, rows)
-        };
-
-        // PACK_COLUMNS columns of every row of the panel are dequantized at a time (row-major,
-        // so that the row kernels write contiguous runs); each depth block of them is then
-        // transposed into the column-major `packed` (L1-sized) and run over all the tokens.
+        let (cols, rows, n_tokens) = (self.cols, self.rows, tokens.len());
         debug_assert_eq!(PACK_COLUMNS % depth_block, 0);
         scratch.rows.resize(panel_rows * PACK_STRIDE, 0.0);
         scratch.packed.resize(depth_block * panel_rows, 0.0);
+        // Only the last panel can be partial; its outputs go to `edge_out` first.
+        scratch.edge_out.resize(n_tokens * panel_rows, 0.0);
         let dequant = self.kernels.dequant;
         let (block_len, block_bytes) = (self.ty.block_len(), self.ty.block_bytes());
         let full_tile = tiles.len();
         for k0 in (0..cols).step_by(PACK_COLUMNS) {
             let width = PACK_COLUMNS.min(cols - k0);
             let (offset, bytes) = (k0 / block_len * block_bytes, width / block_len * block_bytes);
-            for (r, dst) in scratch.rows.chunks_exact_mut(PACK_STRIDE).enumerate() {
-                let dst = &mut dst[..width];
-                if r < panel_len {
-                    let src = &self.w[(first_row + r) * self.row_bytes + offset..][..bytes];
-                    // SAFETY: the CPU was checked; `src` holds exactly `width` elements (chunks
-                    // start at multiples of PACK_COLUMNS, a multiple of every block length).
-                    unsafe { dequant(self.ty, src, dst) };
+            for panel in panels.clone() {
+                let first_row = panel * panel_rows;
+                let panel_len = panel_rows.min(rows - first_row);
+                let (out, out_stride) = if panel_len < panel_rows {
+                    (scratch.edge_out.as_mut_ptr(), panel_rows)
                 } else {
-                    dst.fill(0.0);
+                    // SAFETY: `y` has n x rows elements; this task owns rows
+                    // `first_row..first_row + panel_rows` of tokens `tokens`.
+                    (unsafe { self.y.0.add(tokens.start * rows + first_row) }, rows)
+                };
+                for (r, dst) in scratch.rows.chunks_exact_mut(PACK_STRIDE).enumerate() {
+                    let dst = &mut dst[..width];
+                    if r < panel_len {
+                        let src = &self.w[(first_row + r) * self.row_bytes + offset..][..bytes];
+                        // SAFETY: the CPU was checked; `src` holds exactly `width` elements
+                        // (chunks start at multiples of PACK_COLUMNS, a multiple of every block
+                        // length).
+                        unsafe { dequant(self.ty, src, dst) };
+                    } else {
+                        dst.fill(0.0);
+                    }
                 }
-            }
-            for d0 in (0..width).step_by(depth_block) {
-                let depth = depth_block.min(width - d0);
-                // SAFETY: the CPU was checked; `rows` has `panel_rows` rows of PACK_STRIDE
-                // with `d0 + depth <= width` columns filled, `packed` `depth * panel_rows`.
-                unsafe { pack(scratch.rows.as_ptr().add(d0), PACK_STRIDE, depth, scratch.packed.as_mut_ptr()) };
-                let mut t = 0;
-                while t < n_tokens {
-                    let tile = full_tile.min(n_tokens - t);
-                    // SAFETY: `packed` holds `depth` columns of `panel_rows`; the x rows
-                    // `tokens.start + t ..+ tile` have `cols` elements from `k0 + d0`; `out`
-                    // has `tile` rows of `out_stride` from token `t`, of which the kernel
-                    // touches `panel_rows` (all ours: a full panel, or the edge buffer).
-                    unsafe {
-                        tiles[tile - 1](
-                            scratch.packed.as_ptr(),
-                            depth,
-                            self.x.as_ptr().add((tokens.start + t) * cols + k0 + d0),
-                            cols,
-                            out.add(t * out_stride),
-                            out_stride,
-                            k0 + d0 > 0,
-                        )
-                    };
-                    t += tile;
+                for d0 in (0..width).step_by(depth_block) {
+                    let depth = depth_block.min(width - d0);
+                    // SAFETY: the CPU was checked; `rows` has `panel_rows` rows of PACK_STRIDE
+                    // with `d0 + depth <= width` columns filled, `packed` `depth * panel_rows`.
+                    unsafe { pack(scratch.rows.as_ptr().add(d0), PACK_STRIDE, depth, scratch.packed.as_mut_ptr()) };
+                    let mut t = 0;
+                    while t < n_tokens {
+                        let tile = full_tile.min(n_tokens - t);
+                        // SAFETY: `packed` holds `depth` columns of `panel_rows`; the x rows
+                        // `tokens.start + t ..+ tile` have `cols` elements from `k0 + d0`;
+                        // `out` has `tile` rows of `out_stride` from token `t`, of which the
+                        // kernel touches `panel_rows` (all ours: a full panel, or `edge_out`).
+                        unsafe {
+                            tiles[tile - 1](
+                                scratch.packed.as_ptr(),
+                                depth,
+                                self.x.as_ptr().add((tokens.start + t) * cols + k0 + d0),
+                                cols,
+                                out.add(t * out_stride),
+                                out_stride,
+                                k0 + d0 > 0,
+                            )
+                        };
+                        t += tile;
+                    }
                 }
             }
         }
-        if edge {
+        // `panels` is never empty, and the last panel of `y` is the only partial one.
+        let last = panels.end - 1;
+        let panel_len = rows - last * panel_rows;
+        if panel_len < panel_rows {
             for (t, out_row) in scratch.edge_out.chunks_exact(panel_rows).enumerate() {
-                // SAFETY: as above; only this panel's `panel_len` rows are written.
+                // SAFETY: as above, for the last panel's `panel_len` rows.
                 unsafe {
-                    let dst = self.y.0.add((tokens.start + t) * rows + first_row);
+                    let dst = self.y.0.add((tokens.start + t) * rows + last * panel_rows);
                     std::ptr::copy_nonoverlapping(out_row.as_ptr(), dst, panel_len);
                 }
             }
@@ -393,7 +415,7 @@ impl Panels<'_> {
 }
 
 /// `PackFn` in plain code, for columns `from..depth` (the ISA kernels transpose whole
-/// squares and leave the remaining columns to this).
+/// squares and leave the remaining columns to this). Safety: as `PackFn`.
 unsafe fn pack_columns(rows: *const f32, row_stride: usize, panel_rows: usize, from: usize, depth: usize, packed: *mut f32) {
     for k in from..depth {
         for r in 0..panel_rows {

@@ -60,11 +60,11 @@ trait Decode {
     unsafe fn group<const G: usize>(unit: *const u8) -> [v128; 8];
 }
 
+/// `acc += w * x[..32]`. Safety: `x` covers 32 elements.
 #[inline(always)]
-fn mul_add_acc(acc: &mut [v128; 8], w: [v128; 8], x: *const f32) {
+unsafe fn mul_add_acc(acc: &mut [v128; 8], w: [v128; 8], x: *const f32) {
     for i in 0..8 {
-        // SAFETY: the caller's `x` covers 32 elements.
-        let xv = unsafe { v128_load(x.add(4 * i) as *const v128) };
+        let xv = v128_load(x.add(4 * i) as *const v128);
         acc[i] = f32x4_add(acc[i], f32x4_mul(w[i], xv));
     }
 }
@@ -138,7 +138,7 @@ fn f32_dot(w: &[f32], x: &[f32]) -> f32 {
             *v = unsafe { v128_load(w.as_ptr().add(i + 4 * j) as *const v128) };
         }
         // SAFETY: x has as many elements as w.
-        mul_add_acc(&mut acc, wv, unsafe { x.as_ptr().add(i) });
+        unsafe { mul_add_acc(&mut acc, wv, x.as_ptr().add(i)) };
     }
     let quad = |i: usize| f32x4_add(acc[i], acc[i + 4]);
     let tail: f32 = w[body..].iter().zip(&x[body..]).map(|(w, x)| w * x).sum();
