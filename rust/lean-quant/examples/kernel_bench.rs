@@ -10,7 +10,13 @@ use std::time::{Duration, Instant};
 
 /// (rows, cols) = (outputs, inputs): SmolLM2-135M's attention/MLP and tied LM head, Qwen2.5-0.5B's
 /// MLP.
-const SHAPES: [(usize, usize); 5] = [(576, 1536), (1536, 576), (49152, 576), (896, 4864), (4864, 896)];
+const SHAPES: [(usize, usize); 5] = [
+    (576, 1536),
+    (1536, 576),
+    (49152, 576),
+    (896, 4864),
+    (4864, 896),
+];
 
 struct Options {
     types: Vec<TensorType>,
@@ -22,7 +28,10 @@ struct Options {
 
 fn parse_options() -> Result<Options, String> {
     let mut options = Options {
-        types: ["Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K", "F32", "F16"].iter().map(|t| t.parse().unwrap()).collect(),
+        types: ["Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K", "F32", "F16"]
+            .iter()
+            .map(|t| t.parse().unwrap())
+            .collect(),
         isas: Isa::available().to_vec(),
         threads: vec![1, 2],
         tokens: 512,
@@ -50,9 +59,15 @@ fn parse_options() -> Result<Options, String> {
                     .collect::<Result<_, _>>()?
             }
             "--threads" => {
-                options.threads = list().map(|n| n.parse().map_err(|e| format!("--threads {n}: {e}"))).collect::<Result<_, _>>()?
+                options.threads = list()
+                    .map(|n| n.parse().map_err(|e| format!("--threads {n}: {e}")))
+                    .collect::<Result<_, _>>()?
             }
-            "--tokens" => options.tokens = value.parse().map_err(|e| format!("--tokens {value}: {e}"))?,
+            "--tokens" => {
+                options.tokens = value
+                    .parse()
+                    .map_err(|e| format!("--tokens {value}: {e}"))?
+            }
             _ => return Err(format!("unknown option {flag}")),
         }
     }
@@ -72,20 +87,29 @@ fn weights(ty: TensorType, rows: usize, cols: usize) -> Vec<u8> {
     let mut w: Vec<u8> = (0..n_bytes).map(|_| next() as u8).collect();
     let small_float = |bits: u64| 0.01 * ((bits % 2001) as f32 / 1000.0 - 1.0);
     match ty {
-        TensorType::F32 => w.chunks_exact_mut(4).for_each(|e| e.copy_from_slice(&small_float(next()).to_le_bytes())),
-        TensorType::F16 => w.chunks_exact_mut(2).for_each(|e| e.copy_from_slice(&half::f16::from_f32(small_float(next())).to_le_bytes())),
-        TensorType::BF16 => w.chunks_exact_mut(2).for_each(|e| e.copy_from_slice(&half::bf16::from_f32(small_float(next())).to_le_bytes())),
+        TensorType::F32 => w
+            .chunks_exact_mut(4)
+            .for_each(|e| e.copy_from_slice(&small_float(next()).to_le_bytes())),
+        TensorType::F16 => w.chunks_exact_mut(2).for_each(|e| {
+            e.copy_from_slice(&half::f16::from_f32(small_float(next())).to_le_bytes())
+        }),
+        TensorType::BF16 => w.chunks_exact_mut(2).for_each(|e| {
+            e.copy_from_slice(&half::bf16::from_f32(small_float(next())).to_le_bytes())
+        }),
         _ => {
             let fields: &[usize] = match ty {
                 TensorType::Q2_K => &[80, 82],
                 TensorType::Q3_K => &[108],
                 TensorType::Q6_K => &[208],
-                TensorType::Q4_1 | TensorType::Q5_1 | TensorType::Q4_K | TensorType::Q5_K => &[0, 2],
+                TensorType::Q4_1 | TensorType::Q5_1 | TensorType::Q4_K | TensorType::Q5_K => {
+                    &[0, 2]
+                }
                 _ => &[0],
             };
             for block in w.chunks_exact_mut(ty.block_bytes()) {
                 for &at in fields {
-                    block[at..at + 2].copy_from_slice(&half::f16::from_f32(small_float(next())).to_le_bytes());
+                    block[at..at + 2]
+                        .copy_from_slice(&half::f16::from_f32(small_float(next())).to_le_bytes());
                 }
             }
         }
@@ -118,10 +142,21 @@ fn main() {
     let pools: Vec<(usize, rayon::ThreadPool)> = options
         .threads
         .iter()
-        .map(|&n| (n, rayon::ThreadPoolBuilder::new().num_threads(n).build().expect("thread pool")))
+        .map(|&n| {
+            (
+                n,
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .build()
+                    .expect("thread pool"),
+            )
+        })
         .collect();
     let n = options.tokens;
-    println!("default path: {}; matmul over {n} tokens", lean_quant::isa());
+    println!(
+        "default path: {}; matmul over {n} tokens",
+        lean_quant::isa()
+    );
     println!(
         "{:<8} {:<5} {:>11} {:>3} | {:>9} {:>7} {:>7} | {:>9} {:>7}",
         "path", "type", "rows x cols", "thr", "matvec us", "GB/s", "GMAC/s", "matmul ms", "GMAC/s"
@@ -129,22 +164,38 @@ fn main() {
     for &ty in &options.types {
         for &(rows, cols) in &SHAPES {
             if cols % ty.block_len() != 0 {
-                println!("{:<8} {:<5} {:>5}x{:<5} (cols not whole {}-element blocks)", "-", ty.name(), rows, cols, ty.block_len());
+                println!(
+                    "{:<8} {:<5} {:>5}x{:<5} (cols not whole {}-element blocks)",
+                    "-",
+                    ty.name(),
+                    rows,
+                    cols,
+                    ty.block_len()
+                );
                 continue;
             }
             let w = weights(ty, rows, cols);
-            let x: Vec<f32> = (0..cols * n).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+            let x: Vec<f32> = (0..cols * n)
+                .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+                .collect();
             let mut y = vec![0f32; rows * n];
             let macs = (rows * cols) as f64;
             for &isa in &options.isas {
                 for (threads, pool) in &pools {
                     pool.install(|| {
-                        let mv = best_time(Duration::from_millis(300), || isa.matvec(ty, &w, rows, cols, &x[..cols], &mut y[..rows]));
+                        let mv = best_time(Duration::from_millis(300), || {
+                            isa.matvec(ty, &w, rows, cols, &x[..cols], &mut y[..rows])
+                        });
                         let mv_s = mv.as_secs_f64();
                         let (mm_ms, mm_gmacs) = if options.matmul {
-                            let mm = best_time(Duration::from_millis(600), || isa.matmul(ty, &w, rows, cols, &x, n, &mut y));
+                            let mm = best_time(Duration::from_millis(600), || {
+                                isa.matmul(ty, &w, rows, cols, &x, n, &mut y)
+                            });
                             let s = mm.as_secs_f64();
-                            (format!("{:9.2}", s * 1e3), format!("{:7.1}", macs * n as f64 / s / 1e9))
+                            (
+                                format!("{:9.2}", s * 1e3),
+                                format!("{:7.1}", macs * n as f64 / s / 1e9),
+                            )
                         } else {
                             ("-".into(), "-".into())
                         };

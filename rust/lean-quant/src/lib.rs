@@ -4,8 +4,8 @@
 //! run the fastest kernel set for this machine (see `Isa`), whose weights equal the scalar
 //! dequantizer's bit for bit and whose sums are f32 in a different order.
 pub use lean_gguf::TensorType;
-pub mod scalar;
 mod kernels;
+pub mod scalar;
 
 pub use kernels::Isa;
 
@@ -38,7 +38,15 @@ pub fn matvec(ty: TensorType, w: &[u8], rows: usize, cols: usize, x: &[f32], y: 
 ///
 /// # Panics
 /// If the slice sizes do not match `rows`, `cols`, `n` and `ty`.
-pub fn matmul(ty: TensorType, w: &[u8], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
+pub fn matmul(
+    ty: TensorType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
     Isa::selected().matmul(ty, w, rows, cols, x, n, y)
 }
 

@@ -50,7 +50,13 @@ fn f16_fields(ty: TensorType) -> &'static [usize] {
 /// `rows` random rows of `cols` elements. Quant bits are random; scale fields are finite
 /// (some negative, some tiny) so that every weight is finite; float elements are finite too
 /// unless `raw_floats`, which keeps random bit patterns (NaN, infinities, subnormals).
-fn random_matrix(rng: &mut Rng, ty: TensorType, rows: usize, cols: usize, raw_floats: bool) -> Vec<u8> {
+fn random_matrix(
+    rng: &mut Rng,
+    ty: TensorType,
+    rows: usize,
+    cols: usize,
+    raw_floats: bool,
+) -> Vec<u8> {
     let row_bytes = ty.row_bytes(cols).expect("whole blocks");
     let mut w = rng.bytes(rows * row_bytes);
     let finite_f16 = |rng: &mut Rng, scale: f32| f16::from_f32(rng.unit() * scale).to_le_bytes();
@@ -74,7 +80,11 @@ fn random_matrix(rng: &mut Rng, ty: TensorType, rows: usize, cols: usize, raw_fl
             for block in w.chunks_exact_mut(ty.block_bytes()) {
                 for &at in f16_fields(ty) {
                     // Mostly ordinary scales, sometimes f16 subnormals.
-                    let scale = if rng.next_u64().is_multiple_of(8) { 1e-5 } else { 0.05 };
+                    let scale = if rng.next_u64().is_multiple_of(8) {
+                        1e-5
+                    } else {
+                        0.05
+                    };
                     block[at..at + 2].copy_from_slice(&finite_f16(rng, scale));
                 }
             }
@@ -114,7 +124,11 @@ fn test_cols(ty: TensorType) -> Vec<usize> {
     if !ty.is_quantized() {
         cols.extend([31, 33, 37, 67, 100]);
     }
-    cols.extend([576, 896, 1536, 4864].into_iter().filter(|c| c % ty.block_len() == 0));
+    cols.extend(
+        [576, 896, 1536, 4864]
+            .into_iter()
+            .filter(|c| c % ty.block_len() == 0),
+    );
     cols
 }
 
@@ -173,7 +187,9 @@ fn dot_matches_the_scalar_weights_on_every_path() {
                     let w = scalar_rows(ty, &row, 1, cols);
                     let x = rng.floats(cols);
                     let got = isa.dot(ty, &row, &x);
-                    assert_close(got, &w, &x, &|| format!("{} {ty} dot cols {cols}", isa.name()));
+                    assert_close(got, &w, &x, &|| {
+                        format!("{} {ty} dot cols {cols}", isa.name())
+                    });
                 }
             }
         }
@@ -215,9 +231,17 @@ fn check_matmul(rng: &mut Rng, isa: Isa, ty: TensorType, rows: usize, cols: usiz
     isa.matmul(ty, &w, rows, cols, &x, n, &mut y);
     for t in 0..n {
         for r in 0..rows {
-            assert_close(y[t * rows + r], &wf[r * cols..][..cols], &x[t * cols..][..cols], &|| {
-                format!("{} {ty} matmul {rows}x{cols} n {n}: token {t} row {r}", isa.name())
-            });
+            assert_close(
+                y[t * rows + r],
+                &wf[r * cols..][..cols],
+                &x[t * cols..][..cols],
+                &|| {
+                    format!(
+                        "{} {ty} matmul {rows}x{cols} n {n}: token {t} row {r}",
+                        isa.name()
+                    )
+                },
+            );
         }
     }
 }
@@ -247,7 +271,12 @@ fn threaded_matvec_and_matmul_match() {
     let run = || {
         let mut rng = Rng(5);
         for &isa in Isa::available() {
-            for ty in [TensorType::Q4_0, TensorType::Q4_K, TensorType::Q6_K, TensorType::F16] {
+            for ty in [
+                TensorType::Q4_0,
+                TensorType::Q4_K,
+                TensorType::Q6_K,
+                TensorType::F16,
+            ] {
                 check_matvec(&mut rng, isa, ty, 131, 1536);
                 check_matmul(&mut rng, isa, ty, 45, 1536, 70);
                 check_matmul(&mut rng, isa, ty, 200, 512, 9);
@@ -268,7 +297,10 @@ fn crate_functions_use_the_selected_path() {
     let x = rng.floats(n * cols);
     let isa = Isa::selected();
     assert_eq!(lean_quant::isa(), isa.name());
-    assert_eq!(lean_quant::dot(ty, &w[..36], &x[..cols]).to_bits(), isa.dot(ty, &w[..36], &x[..cols]).to_bits());
+    assert_eq!(
+        lean_quant::dot(ty, &w[..36], &x[..cols]).to_bits(),
+        isa.dot(ty, &w[..36], &x[..cols]).to_bits()
+    );
     let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
     lean_quant::matvec(ty, &w, rows, cols, &x[..cols], &mut a);
     isa.matvec(ty, &w, rows, cols, &x[..cols], &mut b);
@@ -315,5 +347,13 @@ fn a_short_matrix_is_refused() {
 #[should_panic(expected = "matmul: x has")]
 fn a_wrong_activation_size_is_refused() {
     let mut y = [0f32; 8];
-    lean_quant::matmul(TensorType::Q8_0, &[0u8; 4 * 68], 4, 64, &[0.0; 64], 2, &mut y);
+    lean_quant::matmul(
+        TensorType::Q8_0,
+        &[0u8; 4 * 68],
+        4,
+        64,
+        &[0.0; 64],
+        2,
+        &mut y,
+    );
 }

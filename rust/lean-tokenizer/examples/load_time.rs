@@ -19,10 +19,15 @@ fn main() {
     let mut best = f64::INFINITY;
     for _ in 0..5 {
         let start = Instant::now();
-        let tok = lean_tokenizer::Tokenizer::from_bytes(&json, config.as_deref(), template.as_deref())
-            .unwrap_or_else(|e| panic!("{e}"));
+        let tok =
+            lean_tokenizer::Tokenizer::from_bytes(&json, config.as_deref(), template.as_deref())
+                .unwrap_or_else(|e| panic!("{e}"));
         best = best.min(start.elapsed().as_secs_f64());
         std::hint::black_box(tok);
     }
-    println!("from_bytes({} bytes of tokenizer.json): best of 5 {:.1} ms", json.len(), best * 1e3);
+    println!(
+        "from_bytes({} bytes of tokenizer.json): best of 5 {:.1} ms",
+        json.len(),
+        best * 1e3
+    );
 }

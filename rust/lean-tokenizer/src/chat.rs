@@ -24,7 +24,10 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 }
 
@@ -46,7 +49,8 @@ impl ChatTemplate {
         }
         match config.get("chat_template") {
             None | Some(Json::Null) => Err(TokenizerError::NoChatTemplate(
-                "neither a chat_template.jinja nor a \"chat_template\" in tokenizer_config.json".into(),
+                "neither a chat_template.jinja nor a \"chat_template\" in tokenizer_config.json"
+                    .into(),
             )),
             Some(Json::String(text)) => Ok(text.clone()),
             Some(Json::Array(entries)) => {
@@ -68,7 +72,9 @@ impl ChatTemplate {
                     "tokenizer_config.json has chat templates {names:?} but none named \"default\""
                 )))
             }
-            Some(_) => Err(TokenizerError::Config("\"chat_template\" is neither a string nor a list".into())),
+            Some(_) => Err(TokenizerError::Config(
+                "\"chat_template\" is neither a string nor a list".into(),
+            )),
         }
     }
 
@@ -83,19 +89,24 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_filter("tojson", tojson);
         let clock = Arc::clone(&pinned_time);
-        env.add_function("strftime_now", move |format: &str| -> Result<String, Error> {
-            let now = match clock.load(Ordering::Relaxed) {
-                CLOCK_NOT_PINNED => system_time()?,
-                pinned => pinned,
-            };
-            Ok(strftime(format, now))
-        });
-        env.add_template_owned(TEMPLATE_NAME, source).map_err(|e| TokenizerError::Template(describe(&e)))?;
+        env.add_function(
+            "strftime_now",
+            move |format: &str| -> Result<String, Error> {
+                let now = match clock.load(Ordering::Relaxed) {
+                    CLOCK_NOT_PINNED => system_time()?,
+                    pinned => pinned,
+                };
+                Ok(strftime(format, now))
+            },
+        );
+        env.add_template_owned(TEMPLATE_NAME, source)
+            .map_err(|e| TokenizerError::Template(describe(&e)))?;
         Ok(ChatTemplate { env, pinned_time })
     }
 
     pub(crate) fn set_time(&self, unix_seconds: Option<i64>) {
-        self.pinned_time.store(unix_seconds.unwrap_or(CLOCK_NOT_PINNED), Ordering::Relaxed);
+        self.pinned_time
+            .store(unix_seconds.unwrap_or(CLOCK_NOT_PINNED), Ordering::Relaxed);
     }
 
     pub(crate) fn render(
@@ -110,10 +121,19 @@ impl ChatTemplate {
             ("documents", Value::from(())),
             ("add_generation_prompt", Value::from(add_generation_prompt)),
         ];
-        context.extend(special_tokens.iter().map(|(name, text)| (*name, Value::from(text.as_str()))));
+        context.extend(
+            special_tokens
+                .iter()
+                .map(|(name, text)| (*name, Value::from(text.as_str()))),
+        );
         let context: Value = context.into_iter().collect();
-        let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| TokenizerError::Template(describe(&e)))?;
-        template.render(context).map_err(|e| TokenizerError::Template(describe(&e)))
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| TokenizerError::Template(describe(&e)))?;
+        template
+            .render(context)
+            .map_err(|e| TokenizerError::Template(describe(&e)))
     }
 }
 
@@ -129,14 +149,22 @@ fn describe(error: &Error) -> String {
 }
 
 fn raise_exception(message: String) -> Result<Value, Error> {
-    Err(Error::new(ErrorKind::InvalidOperation, format!("raise_exception: {message}")))
+    Err(Error::new(
+        ErrorKind::InvalidOperation,
+        format!("raise_exception: {message}"),
+    ))
 }
 
 #[cfg(not(target_arch = "wasm32"))]
 fn system_time() -> Result<i64, Error> {
     let since_epoch = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("strftime_now: system clock: {e}")))?;
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::InvalidOperation,
+                format!("strftime_now: system clock: {e}"),
+            )
+        })?;
     Ok(since_epoch.as_secs() as i64)
 }
 
@@ -152,7 +180,9 @@ fn system_time() -> Result<i64, Error> {
 /// reprs for lists and dicts, Python float reprs. Autoescaping stays off, as in transformers.
 fn python_formatter(out: &mut Output, state: &State, value: &Value) -> Result<(), Error> {
     match value.kind() {
-        ValueKind::String => out.write_str(value.as_str().unwrap_or_default()).map_err(Error::from),
+        ValueKind::String => out
+            .write_str(value.as_str().unwrap_or_default())
+            .map_err(Error::from),
         ValueKind::None | ValueKind::Bool | ValueKind::Number | ValueKind::Seq | ValueKind::Map => {
             let mut text = String::new();
             python_str(&mut text, value)?;
@@ -206,7 +236,11 @@ fn python_repr(out: &mut String, value: &Value) -> Result<(), Error> {
 
 /// Python's `repr(str)`: single quotes unless the text has a `'` and no `"`.
 fn python_repr_str(out: &mut String, text: &str) {
-    let quote = if text.contains('\'') && !text.contains('"') { '"' } else { '\'' };
+    let quote = if text.contains('\'') && !text.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
     out.push(quote);
     for c in text.chars() {
         match c {
@@ -254,7 +288,9 @@ fn python_float_repr(out: &mut String, x: f64) {
     let scientific = format!("{x:e}");
     let (mantissa, exponent) = scientific.split_once('e').unwrap_or((&scientific, "0"));
     let exponent: i32 = exponent.parse().unwrap_or(0);
-    let (sign, mantissa) = mantissa.strip_prefix('-').map_or(("", mantissa), |m| ("-", m));
+    let (sign, mantissa) = mantissa
+        .strip_prefix('-')
+        .map_or(("", mantissa), |m| ("-", m));
     let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
     out.push_str(sign);
     if (-4..16).contains(&exponent) {
@@ -280,40 +316,67 @@ fn python_float_repr(out: &mut String, x: f64) {
             out.push('.');
             out.push_str(&digits[1..]);
         }
-        let _ = write!(out, "e{}{:02}", if exponent < 0 { '-' } else { '+' }, exponent.abs());
+        let _ = write!(
+            out,
+            "e{}{:02}",
+            if exponent < 0 { '-' } else { '+' },
+            exponent.abs()
+        );
     }
 }
 
 /// transformers' `tojson`: `json.dumps(x, ensure_ascii=False, indent=None, separators=None,
 /// sort_keys=False)`, options as keyword arguments.
 fn tojson(value: &Value, options: Kwargs) -> Result<String, Error> {
-    let ensure_ascii = options.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false);
+    let ensure_ascii = options
+        .get::<Option<bool>>("ensure_ascii")?
+        .unwrap_or(false);
     let indent = match options.get::<Option<Value>>("indent")? {
         None => None,
         Some(v) if v.is_none() => None,
-        Some(v) if v.kind() == ValueKind::String => Some(v.as_str().unwrap_or_default().to_string()),
+        Some(v) if v.kind() == ValueKind::String => {
+            Some(v.as_str().unwrap_or_default().to_string())
+        }
         Some(v) => match v.as_i64() {
             Some(n) => Some(" ".repeat(n.clamp(0, 1024) as usize)),
-            None => return Err(Error::new(ErrorKind::InvalidOperation, "tojson: indent must be an int or a string")),
+            None => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    "tojson: indent must be an int or a string",
+                ))
+            }
         },
     };
     let (item_separator, key_separator) = match options.get::<Option<Value>>("separators")? {
         Some(v) if !v.is_none() => {
             let parts: Vec<Value> = v.try_iter()?.collect();
             match parts.as_slice() {
-                [item, key] if item.as_str().is_some() && key.as_str().is_some() => {
-                    (item.as_str().unwrap_or_default().to_string(), key.as_str().unwrap_or_default().to_string())
-                }
+                [item, key] if item.as_str().is_some() && key.as_str().is_some() => (
+                    item.as_str().unwrap_or_default().to_string(),
+                    key.as_str().unwrap_or_default().to_string(),
+                ),
                 _ => {
-                    return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators must be two strings"))
+                    return Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        "tojson: separators must be two strings",
+                    ))
                 }
             }
         }
         // json.dumps: ", " without indent, "," with it (lines end there anyway).
-        _ => (if indent.is_some() { "," } else { ", " }.to_string(), ": ".to_string()),
+        _ => (
+            if indent.is_some() { "," } else { ", " }.to_string(),
+            ": ".to_string(),
+        ),
     };
     let sort_keys = options.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
-    let dumper = JsonDumper { ensure_ascii, indent, item_separator, key_separator, sort_keys };
+    let dumper = JsonDumper {
+        ensure_ascii,
+        indent,
+        item_separator,
+        key_separator,
+        sort_keys,
+    };
     let mut out = String::new();
     dumper.dump(&mut out, value, 0)?;
     Ok(out)
@@ -336,7 +399,9 @@ impl JsonDumper {
             ValueKind::String => self.string(out, value.as_str().unwrap_or_default()),
             ValueKind::Seq | ValueKind::Iterable => {
                 let items: Vec<Value> = value.try_iter()?.collect();
-                self.container(out, '[', ']', &items, depth, |out, item| self.dump(out, item, depth + 1))?;
+                self.container(out, '[', ']', &items, depth, |out, item| {
+                    self.dump(out, item, depth + 1)
+                })?;
             }
             ValueKind::Map => {
                 let mut entries = Vec::new();
@@ -446,9 +511,27 @@ impl JsonDumper {
 /// A subset of C's strftime for `strftime_now`, in UTC: %a %A %b %B %d %e %H %I %j %m %M %p %S
 /// %y %Y %Z %z (empty, as for Python's naive datetime.now()) %%, a `-` flag drops zero padding (glibc's `%-d`); other directives stay as written.
 fn strftime(format: &str, unix_seconds: i64) -> String {
-    const DAYS: [&str; 7] = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"];
+    const DAYS: [&str; 7] = [
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+    ];
     const MONTHS: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
         "December",
     ];
     let days = unix_seconds.div_euclid(86_400);
@@ -456,7 +539,11 @@ fn strftime(format: &str, unix_seconds: i64) -> String {
     let (year, month, day) = civil_from_days(days);
     let weekday = (days + 4).rem_euclid(7) as usize; // 1970-01-01 was a Thursday
     let day_of_year = days - days_from_civil(year, 1, 1) + 1;
-    let (hour, minute, second) = (seconds_of_day / 3600, seconds_of_day / 60 % 60, seconds_of_day % 60);
+    let (hour, minute, second) = (
+        seconds_of_day / 3600,
+        seconds_of_day / 60 % 60,
+        seconds_of_day % 60,
+    );
     let hour12 = if hour % 12 == 0 { 12 } else { hour % 12 };
 
     let mut out = String::new();
@@ -468,7 +555,11 @@ fn strftime(format: &str, unix_seconds: i64) -> String {
         }
         let unpadded = chars.next_if_eq(&'-').is_some();
         let number = |out: &mut String, n: i64, width: usize| {
-            let _ = if unpadded { write!(out, "{n}") } else { write!(out, "{n:0width$}") };
+            let _ = if unpadded {
+                write!(out, "{n}")
+            } else {
+                write!(out, "{n:0width$}")
+            };
         };
         match chars.next() {
             Some('a') => out.push_str(&DAYS[weekday][..3]),
@@ -477,7 +568,11 @@ fn strftime(format: &str, unix_seconds: i64) -> String {
             Some('B') => out.push_str(MONTHS[month as usize - 1]),
             Some('d') => number(&mut out, day, 2),
             Some('e') => {
-                let _ = if unpadded { write!(out, "{day}") } else { write!(out, "{day:2}") };
+                let _ = if unpadded {
+                    write!(out, "{day}")
+                } else {
+                    write!(out, "{day:2}")
+                };
             }
             Some('H') => number(&mut out, hour, 2),
             Some('I') => number(&mut out, hour12, 2),
@@ -516,11 +611,16 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let day_of_era = z.rem_euclid(146_097);
-    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
     let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
     let month_index = (5 * day_of_year + 2) / 153; // March = 0
     let day = day_of_year - (153 * month_index + 2) / 5 + 1;
-    let month = if month_index < 10 { month_index + 3 } else { month_index - 9 };
+    let month = if month_index < 10 {
+        month_index + 3
+    } else {
+        month_index - 9
+    };
     let year = year_of_era + era * 400 + i64::from(month <= 2);
     (year, month, day)
 }
@@ -542,8 +642,13 @@ mod tests {
     fn render(source: &str, context: Value) -> Result<String, TokenizerError> {
         let chat = ChatTemplate::compile(source.to_string())?;
         chat.set_time(Some(1_722_470_400 + 13 * 3600 + 5 * 60 + 9)); // 2024-08-01 13:05:09 UTC
-        let template = chat.env.get_template(TEMPLATE_NAME).map_err(|e| TokenizerError::Template(describe(&e)))?;
-        template.render(context).map_err(|e| TokenizerError::Template(describe(&e)))
+        let template = chat
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| TokenizerError::Template(describe(&e)))?;
+        template
+            .render(context)
+            .map_err(|e| TokenizerError::Template(describe(&e)))
     }
 
     fn data(json: &str) -> Value {
@@ -562,7 +667,11 @@ mod tests {
             r#"{"name": "f", "z": [1, 2.5, 1e+16, 1e-07, true, null], "s": "é\"\\\n\u0001😀<&>", "e": {}, "l": []}"#
         );
         assert_eq!(
-            render(&format!("{source}{{{{ x.z | tojson(indent=2) }}}}"), context.clone()).unwrap(),
+            render(
+                &format!("{source}{{{{ x.z | tojson(indent=2) }}}}"),
+                context.clone()
+            )
+            .unwrap(),
             "[\n  1,\n  2.5,\n  1e+16,\n  1e-07,\n  true,\n  null\n]"
         );
         assert_eq!(
@@ -577,9 +686,14 @@ mod tests {
 
     #[test]
     fn values_print_like_python() {
-        let context = Value::from_iter([("x", data(r#"{"a": [1, "it's", null, false], "b": 0.1}"#))]);
+        let context =
+            Value::from_iter([("x", data(r#"{"a": [1, "it's", null, false], "b": 0.1}"#))]);
         assert_eq!(
-            render("{{ none }} {{ true }} {{ x.a }} {{ x }} {{ x.b * 3 }} {{ 2.0 }}", context).unwrap(),
+            render(
+                "{{ none }} {{ true }} {{ x.a }} {{ x }} {{ x.b * 3 }} {{ 2.0 }}",
+                context
+            )
+            .unwrap(),
             r#"None True [1, "it's", None, False] {'a': [1, "it's", None, False], 'b': 0.1} 0.30000000000000004 2.0"#
         );
     }
@@ -594,22 +708,37 @@ mod tests {
     fn python_string_methods_work() {
         let context = Value::from_iter([("s", Value::from("  Hello World  "))]);
         assert_eq!(
-            render("{{ s.strip().lower() }}|{{ s.split() }}|{{ s.strip().startswith('Hel') }}", context).unwrap(),
+            render(
+                "{{ s.strip().lower() }}|{{ s.split() }}|{{ s.strip().startswith('Hel') }}",
+                context
+            )
+            .unwrap(),
             "hello world|['Hello', 'World']|True"
         );
     }
 
     #[test]
     fn raise_exception_reports_its_message() {
-        let err = render("{{ raise_exception('Conversation roles must alternate') }}", Value::from(())).unwrap_err();
-        assert!(err.to_string().contains("Conversation roles must alternate"), "{err}");
+        let err = render(
+            "{{ raise_exception('Conversation roles must alternate') }}",
+            Value::from(()),
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("Conversation roles must alternate"),
+            "{err}"
+        );
     }
 
     #[test]
     fn strftime_now_formats_the_pinned_time() {
         assert_eq!(
-            render("{{ strftime_now('%d %b %Y|%A %B %-d %e|%H:%M:%S %I%p|%j %y %Z %z %% %Q') }}", Value::from(()))
-                .unwrap(),
+            render(
+                "{{ strftime_now('%d %b %Y|%A %B %-d %e|%H:%M:%S %I%p|%j %y %Z %z %% %Q') }}",
+                Value::from(())
+            )
+            .unwrap(),
             "01 Aug 2024|Thursday August 1  1|13:05:09 01PM|214 24   % %Q"
         );
     }

@@ -8,7 +8,10 @@ pub enum TokenizerError {
     /// tokenizer_config.json is not valid JSON or has a malformed field.
     Config(String),
     /// A file could not be read.
-    Io { path: String, message: String },
+    Io {
+        path: String,
+        message: String,
+    },
     /// There is no chat template to render with; the text says why.
     NoChatTemplate(String),
     /// The chat template does not compile or failed while rendering (e.g. `raise_exception`).
@@ -16,9 +19,16 @@ pub enum TokenizerError {
     Encode(String),
     Decode(String),
     /// The tokenizer knows ids beyond the model's vocabulary.
-    VocabSize { tokenizer: usize, model: usize },
+    VocabSize {
+        tokenizer: usize,
+        model: usize,
+    },
     /// Id `id` is spelled differently (or is missing, `tokenizer: None`) in the tokenizer.
-    VocabToken { id: u32, tokenizer: Option<String>, model: String },
+    VocabToken {
+        id: u32,
+        tokenizer: Option<String>,
+        model: String,
+    },
 }
 
 impl fmt::Display for TokenizerError {

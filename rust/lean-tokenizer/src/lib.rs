@@ -22,8 +22,15 @@ pub use stream::StreamDecoder;
 
 /// The named special tokens transformers passes to chat templates (`special_tokens_map`), in its
 /// order (`SPECIAL_TOKENS_ATTRIBUTES`).
-const SPECIAL_TOKEN_ATTRIBUTES: [&str; 7] =
-    ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"];
+const SPECIAL_TOKEN_ATTRIBUTES: [&str; 7] = [
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+];
 
 /// Added special tokens that end a turn or a document in common chat formats; generation stops at
 /// them besides the configured eos token (the rule llama.cpp uses for its end-of-generation set).
@@ -70,7 +77,9 @@ impl Tokenizer {
             None => Json::Null,
         };
         if !config.is_null() && !config.is_object() {
-            return Err(TokenizerError::Config("the top level is not a JSON object".into()));
+            return Err(TokenizerError::Config(
+                "the top level is not a JSON object".into(),
+            ));
         }
         apply_transformers_class_pipeline(&mut inner, &config)?;
 
@@ -83,8 +92,16 @@ impl Tokenizer {
             }
         }
         let eos_token_ids = end_of_generation_ids(&inner, &special_tokens);
-        let chat = chat::ChatTemplate::resolve(&config, chat_template).and_then(chat::ChatTemplate::compile);
-        Ok(Tokenizer { inner, vocab_size, id_limit, special_tokens, eos_token_ids, chat })
+        let chat = chat::ChatTemplate::resolve(&config, chat_template)
+            .and_then(chat::ChatTemplate::compile);
+        Ok(Tokenizer {
+            inner,
+            vocab_size,
+            id_limit,
+            special_tokens,
+            eos_token_ids,
+            chat,
+        })
     }
 
     /// Loads `tokenizer.json`, and `tokenizer_config.json` and `chat_template.jinja` where present,
@@ -92,16 +109,26 @@ impl Tokenizer {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn from_path(path: &std::path::Path) -> Result<Tokenizer, TokenizerError> {
         let read = |p: &std::path::Path| {
-            std::fs::read(p).map_err(|e| TokenizerError::Io { path: p.display().to_string(), message: e.to_string() })
+            std::fs::read(p).map_err(|e| TokenizerError::Io {
+                path: p.display().to_string(),
+                message: e.to_string(),
+            })
         };
         let (tokenizer_file, dir) = if path.is_dir() {
             (path.join("tokenizer.json"), path.to_path_buf())
         } else {
-            (path.to_path_buf(), path.parent().map(|p| p.to_path_buf()).unwrap_or_default())
+            (
+                path.to_path_buf(),
+                path.parent().map(|p| p.to_path_buf()).unwrap_or_default(),
+            )
         };
         let tokenizer_json = read(&tokenizer_file)?;
         let config_file = dir.join("tokenizer_config.json");
-        let config = if config_file.is_file() { Some(read(&config_file)?) } else { None };
+        let config = if config_file.is_file() {
+            Some(read(&config_file)?)
+        } else {
+            None
+        };
         let template_file = dir.join("chat_template.jinja");
         let template = if template_file.is_file() {
             let bytes = read(&template_file)?;
@@ -127,7 +154,9 @@ impl Tokenizer {
 
     /// The text of `ids`. Ids the tokenizer does not know decode to nothing, as in transformers.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {
-        self.inner.decode(ids, skip_special_tokens).map_err(|e| TokenizerError::Decode(e.to_string()))
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| TokenizerError::Decode(e.to_string()))
     }
 
     /// Number of distinct tokens, added tokens included (transformers' `len(tokenizer)`).
@@ -192,14 +221,20 @@ impl Tokenizer {
         let chat = self.chat.as_ref().map_err(Clone::clone)?;
         if messages.is_empty() {
             // transformers refuses too, before rendering.
-            return Err(TokenizerError::Template("cannot apply the chat template to an empty conversation".into()));
+            return Err(TokenizerError::Template(
+                "cannot apply the chat template to an empty conversation".into(),
+            ));
         }
         chat.render(messages, add_generation_prompt, &self.special_tokens)
     }
 
     /// The ids of transformers' `apply_chat_template(..., tokenize=True)`: the rendered text
     /// encoded with `add_special_tokens=False`.
-    pub fn encode_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<Vec<u32>, TokenizerError> {
+    pub fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
         let text = self.apply_chat_template(messages, add_generation_prompt)?;
         self.encode(&text, false)
     }
@@ -210,13 +245,20 @@ impl Tokenizer {
     pub fn check_vocab(&self, gguf_tokens: &[&str]) -> Result<(), TokenizerError> {
         let tokenizer_ids = self.id_limit as usize;
         if tokenizer_ids > gguf_tokens.len() {
-            return Err(TokenizerError::VocabSize { tokenizer: tokenizer_ids, model: gguf_tokens.len() });
+            return Err(TokenizerError::VocabSize {
+                tokenizer: tokenizer_ids,
+                model: gguf_tokens.len(),
+            });
         }
         for (id, &model_token) in (0..self.id_limit).zip(gguf_tokens) {
             match self.id_to_token(id) {
                 Some(token) if token == model_token => {}
                 tokenizer_token => {
-                    return Err(TokenizerError::VocabToken { id, tokenizer: tokenizer_token, model: model_token.to_string() })
+                    return Err(TokenizerError::VocabToken {
+                        id,
+                        tokenizer: tokenizer_token,
+                        model: model_token.to_string(),
+                    })
                 }
             }
         }
@@ -224,7 +266,10 @@ impl Tokenizer {
     }
 
     fn special_token(&self, attribute: &str) -> Option<&str> {
-        self.special_tokens.iter().find(|(a, _)| *a == attribute).map(|(_, t)| t.as_str())
+        self.special_tokens
+            .iter()
+            .find(|(a, _)| *a == attribute)
+            .map(|(_, t)| t.as_str())
     }
 }
 
@@ -236,8 +281,14 @@ fn vocab_extent(inner: &tokenizers::Tokenizer) -> (usize, u32) {
     let model_size = model.get_vocab_size();
     let added = inner.get_added_vocabulary().get_added_tokens_decoder();
     // transformers counts distinct token strings: an added token the model also has counts once.
-    let added_only = added.values().filter(|token| model.token_to_id(&token.content).is_none()).count();
-    let mut id_limit = added.keys().map(|&id| id.saturating_add(1)).fold(u32::try_from(model_size).unwrap_or(u32::MAX), u32::max);
+    let added_only = added
+        .values()
+        .filter(|token| model.token_to_id(&token.content).is_none())
+        .count();
+    let mut id_limit = added
+        .keys()
+        .map(|&id| id.saturating_add(1))
+        .fold(u32::try_from(model_size).unwrap_or(u32::MAX), u32::max);
     // Model ids past its size (a sparse vocabulary) still count as known ids.
     while id_limit < u32::MAX && inner.id_to_token(id_limit).is_some() {
         id_limit += 1;
@@ -252,21 +303,34 @@ fn special_token_text(config: &Json, attribute: &str) -> Result<Option<String>, 
         Some(Json::String(text)) => Ok(Some(text.clone())),
         Some(Json::Object(token)) => match token.get("content") {
             Some(Json::String(text)) => Ok(Some(text.clone())),
-            _ => Err(TokenizerError::Config(format!("{attribute} is an object without a string \"content\""))),
+            _ => Err(TokenizerError::Config(format!(
+                "{attribute} is an object without a string \"content\""
+            ))),
         },
-        Some(other) => Err(TokenizerError::Config(format!("{attribute} is neither a string nor an object: {other}"))),
+        Some(other) => Err(TokenizerError::Config(format!(
+            "{attribute} is neither a string nor an object: {other}"
+        ))),
     }
 }
 
-fn end_of_generation_ids(inner: &tokenizers::Tokenizer, special_tokens: &[(&'static str, String)]) -> Vec<u32> {
+fn end_of_generation_ids(
+    inner: &tokenizers::Tokenizer,
+    special_tokens: &[(&'static str, String)],
+) -> Vec<u32> {
     let added = inner.get_added_vocabulary();
-    let eos = special_tokens.iter().find(|(a, _)| *a == "eos_token").and_then(|(_, t)| inner.token_to_id(t));
+    let eos = special_tokens
+        .iter()
+        .find(|(a, _)| *a == "eos_token")
+        .and_then(|(_, t)| inner.token_to_id(t));
     let markers = END_OF_GENERATION_TOKENS
         .iter()
         .filter(|token| added.is_special_token(token))
         .filter_map(|token| inner.token_to_id(token));
     let mut seen = HashSet::new();
-    eos.into_iter().chain(markers).filter(|id| seen.insert(*id)).collect()
+    eos.into_iter()
+        .chain(markers)
+        .filter(|id| seen.insert(*id))
+        .collect()
 }
 
 /// transformers 5 does not take tokenizer.json's pipeline as-is for tokenizer classes that define
@@ -274,18 +338,27 @@ fn end_of_generation_ids(inner: &tokenizers::Tokenizer, special_tokens: &[(&'sta
 /// pre-tokenizer and decoder as the class's `__init__` does. Qwen2Tokenizer is the one our
 /// models use (GGUF-converted Qwen tokenizer.json files lack its NFC normalizer); other classes
 /// keep the file's pipeline.
-fn apply_transformers_class_pipeline(inner: &mut tokenizers::Tokenizer, config: &Json) -> Result<(), TokenizerError> {
+fn apply_transformers_class_pipeline(
+    inner: &mut tokenizers::Tokenizer,
+    config: &Json,
+) -> Result<(), TokenizerError> {
     use tokenizers::pre_tokenizers::{byte_level::ByteLevel, sequence::Sequence, split::Split};
     use tokenizers::{normalizers::NFC, PreTokenizerWrapper, SplitDelimiterBehavior};
 
     // transformers/models/qwen2/tokenization_qwen2.py, PRETOKENIZE_REGEX
     const QWEN2_PRETOKENIZE_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
-    let class = config.get("tokenizer_class").and_then(Json::as_str).unwrap_or("");
+    let class = config
+        .get("tokenizer_class")
+        .and_then(Json::as_str)
+        .unwrap_or("");
     if class != "Qwen2Tokenizer" && class != "Qwen2TokenizerFast" {
         return Ok(());
     }
-    let add_prefix_space = config.get("add_prefix_space").and_then(Json::as_bool).unwrap_or(false);
+    let add_prefix_space = config
+        .get("add_prefix_space")
+        .and_then(Json::as_bool)
+        .unwrap_or(false);
     let split = Split::new(
         tokenizers::pre_tokenizers::split::SplitPattern::Regex(QWEN2_PRETOKENIZE_REGEX.into()),
         SplitDelimiterBehavior::Isolated,

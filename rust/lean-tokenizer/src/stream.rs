@@ -20,7 +20,13 @@ pub struct StreamDecoder<'a> {
 
 impl<'a> StreamDecoder<'a> {
     pub fn new(tokenizer: &'a Tokenizer, skip_special_tokens: bool) -> Self {
-        StreamDecoder { tokenizer, skip_special_tokens, ids: Vec::new(), read: 0, emitted: String::new() }
+        StreamDecoder {
+            tokenizer,
+            skip_special_tokens,
+            ids: Vec::new(),
+            read: 0,
+            emitted: String::new(),
+        }
     }
 
     /// Adds `id`; returns the new text, or `None` while nothing complete is new.

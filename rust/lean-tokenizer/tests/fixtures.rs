@@ -58,7 +58,9 @@ fn models_dir() -> Option<PathBuf> {
     let dir = std::env::var_os("LEAN_MODELS")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models"));
-    if dir.join(SMOLLM2).join("tokenizer.json").is_file() && dir.join(QWEN).join("tokenizer.json").is_file() {
+    if dir.join(SMOLLM2).join("tokenizer.json").is_file()
+        && dir.join(QWEN).join("tokenizer.json").is_file()
+    {
         return Some(dir);
     }
     assert!(
@@ -66,12 +68,17 @@ fn models_dir() -> Option<PathBuf> {
         "test models missing in {} (run scripts/fetch-test-models.sh)",
         dir.display()
     );
-    eprintln!("skipping: test models missing in {} (run scripts/fetch-test-models.sh)", dir.display());
+    eprintln!(
+        "skipping: test models missing in {} (run scripts/fetch-test-models.sh)",
+        dir.display()
+    );
     None
 }
 
 fn fixture(name: &str) -> Fixture {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(format!("{name}.json"));
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(format!("{name}.json"));
     serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()
 }
 
@@ -125,7 +132,11 @@ fn gguf_tokens(path: &Path) -> Vec<String> {
         let key = r.string();
         let value_type = r.u32();
         if key == "tokenizer.ggml.tokens" {
-            assert_eq!((value_type, r.u32()), (9, 8), "tokens must be an array of strings");
+            assert_eq!(
+                (value_type, r.u32()),
+                (9, 8),
+                "tokens must be an array of strings"
+            );
             return (0..r.u64()).map(|_| r.string()).collect();
         }
         r.skip_value(value_type);
@@ -140,7 +151,10 @@ fn model_vocab(models: &Path, name: &str) -> Vec<String> {
     assert_eq!(tokens.len(), expected.count);
     let digest = Sha256::digest(tokens.join("\n").as_bytes());
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    assert_eq!(hex, expected.sha256_newline_joined, "GGUF token list differs from gguf-py's");
+    assert_eq!(
+        hex, expected.sha256_newline_joined,
+        "GGUF token list differs from gguf-py's"
+    );
     tokens
 }
 
@@ -168,11 +182,17 @@ fn assert_stream_matches_decode(tok: &Tokenizer, ids: &[u32]) {
         let expected = tok.decode(ids, skip_special_tokens).unwrap();
         let (chunks, rest) = stream_decode(tok, ids, skip_special_tokens);
         let streamed = chunks.concat() + &rest;
-        assert_eq!(streamed, expected, "ids {ids:?} (skip_special_tokens {skip_special_tokens})");
+        assert_eq!(
+            streamed, expected,
+            "ids {ids:?} (skip_special_tokens {skip_special_tokens})"
+        );
         if !expected.contains(char::REPLACEMENT_CHARACTER) {
             assert!(rest.is_empty(), "complete text held back: {rest:?}");
             for chunk in &chunks {
-                assert!(!chunk.contains(char::REPLACEMENT_CHARACTER), "broken character emitted for ids {ids:?}");
+                assert!(
+                    !chunk.contains(char::REPLACEMENT_CHARACTER),
+                    "broken character emitted for ids {ids:?}"
+                );
             }
         }
     }
@@ -184,15 +204,45 @@ fn check_texts(name: &str) {
     let fixture = fixture(name);
     assert_eq!(tok.vocab_size(), fixture.vocab_size);
     for case in &fixture.texts {
-        assert_eq!(tok.encode(&case.text, false).unwrap(), case.ids, "encode {:?}", case.text);
-        assert_eq!(tok.encode(&case.text, true).unwrap(), case.ids_with_special, "encode+special {:?}", case.text);
-        assert_eq!(tok.decode(&case.ids, false).unwrap(), case.decoded, "decode {:?}", case.ids);
-        assert_eq!(tok.decode(&case.ids, true).unwrap(), case.decoded_skip_special, "decode skip {:?}", case.ids);
+        assert_eq!(
+            tok.encode(&case.text, false).unwrap(),
+            case.ids,
+            "encode {:?}",
+            case.text
+        );
+        assert_eq!(
+            tok.encode(&case.text, true).unwrap(),
+            case.ids_with_special,
+            "encode+special {:?}",
+            case.text
+        );
+        assert_eq!(
+            tok.decode(&case.ids, false).unwrap(),
+            case.decoded,
+            "decode {:?}",
+            case.ids
+        );
+        assert_eq!(
+            tok.decode(&case.ids, true).unwrap(),
+            case.decoded_skip_special,
+            "decode skip {:?}",
+            case.ids
+        );
         assert_stream_matches_decode(&tok, &case.ids);
     }
     for case in &fixture.random_ids {
-        assert_eq!(tok.decode(&case.ids, false).unwrap(), case.decoded, "decode {:?}", case.ids);
-        assert_eq!(tok.decode(&case.ids, true).unwrap(), case.decoded_skip_special, "decode skip {:?}", case.ids);
+        assert_eq!(
+            tok.decode(&case.ids, false).unwrap(),
+            case.decoded,
+            "decode {:?}",
+            case.ids
+        );
+        assert_eq!(
+            tok.decode(&case.ids, true).unwrap(),
+            case.decoded_skip_special,
+            "decode skip {:?}",
+            case.ids
+        );
         assert_stream_matches_decode(&tok, &case.ids);
     }
 }
@@ -202,9 +252,15 @@ fn check_chats(name: &str) {
     let tok = load(&models, name);
     assert!(tok.has_chat_template());
     for case in fixture(name).chats {
-        let rendered = tok.apply_chat_template(&case.messages, case.add_generation_prompt).unwrap();
+        let rendered = tok
+            .apply_chat_template(&case.messages, case.add_generation_prompt)
+            .unwrap();
         assert_eq!(rendered, case.rendered, "messages {:?}", case.messages);
-        assert_eq!(tok.encode_chat(&case.messages, case.add_generation_prompt).unwrap(), case.ids);
+        assert_eq!(
+            tok.encode_chat(&case.messages, case.add_generation_prompt)
+                .unwrap(),
+            case.ids
+        );
         assert_stream_matches_decode(&tok, &case.ids);
     }
 }
@@ -251,10 +307,17 @@ fn stream_decoder_matches_decode_on_random_ids() {
         let vocab_size = tok.vocab_size();
         // Tokens that are pieces of a multi-byte character, tokens of whole multi-byte characters,
         // and the special tokens.
-        let fragments: Vec<u32> =
-            (0..vocab_size as u32).filter(|&id| tok.decode(&[id], false).unwrap().contains('\u{fffd}')).collect();
-        assert!(fragments.len() > 50, "{name}: only {} fragment tokens", fragments.len());
-        let multibyte = tok.encode("中文 😀👨‍👩‍👧 e\u{301} Ελληνικά 𝔸 한국어", false).unwrap();
+        let fragments: Vec<u32> = (0..vocab_size as u32)
+            .filter(|&id| tok.decode(&[id], false).unwrap().contains('\u{fffd}'))
+            .collect();
+        assert!(
+            fragments.len() > 50,
+            "{name}: only {} fragment tokens",
+            fragments.len()
+        );
+        let multibyte = tok
+            .encode("中文 😀👨‍👩‍👧 e\u{301} Ελληνικά 𝔸 한국어", false)
+            .unwrap();
         let specials: Vec<u32> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
             .iter()
             .map(|t| tok.token_to_id(t).unwrap())
@@ -289,12 +352,18 @@ fn stream_decoder_holds_split_characters_back() {
     for &id in &ids[..ids.len() - 1] {
         assert_eq!(stream.push(id).unwrap(), None);
     }
-    assert_eq!(stream.push(ids[ids.len() - 1]).unwrap().as_deref(), Some(character));
+    assert_eq!(
+        stream.push(ids[ids.len() - 1]).unwrap().as_deref(),
+        Some(character)
+    );
     assert_eq!(stream.finish().unwrap(), "");
     // An incomplete character at the end comes out of finish() as decode writes it.
     let mut stream = StreamDecoder::new(&tok, false);
     assert_eq!(stream.push(ids[0]).unwrap(), None);
-    assert_eq!(stream.finish().unwrap(), tok.decode(&ids[..1], false).unwrap());
+    assert_eq!(
+        stream.finish().unwrap(),
+        tok.decode(&ids[..1], false).unwrap()
+    );
 }
 
 #[test]
@@ -335,12 +404,25 @@ fn vocabulary_mismatches_are_reported() {
     let err = smollm2.check_vocab(&as_strs(&qwen_vocab)).unwrap_err();
     assert_eq!(
         err,
-        TokenizerError::VocabToken { id: 0, tokenizer: Some("<|endoftext|>".into()), model: "!".into() }
+        TokenizerError::VocabToken {
+            id: 0,
+            tokenizer: Some("<|endoftext|>".into()),
+            model: "!".into()
+        }
     );
-    assert!(err.to_string().contains("at id 0") && err.to_string().contains("\"!\""), "{err}");
+    assert!(
+        err.to_string().contains("at id 0") && err.to_string().contains("\"!\""),
+        "{err}"
+    );
 
     let err = qwen.check_vocab(&as_strs(&smollm2_vocab)).unwrap_err();
-    assert_eq!(err, TokenizerError::VocabSize { tokenizer: 151_936, model: 49_152 });
+    assert_eq!(
+        err,
+        TokenizerError::VocabSize {
+            tokenizer: 151_936,
+            model: 49_152
+        }
+    );
     assert!(err.to_string().contains("49152"), "{err}");
 
     // Padding rows beyond the tokenizer's vocabulary are fine; one changed token is not.
@@ -350,9 +432,20 @@ fn vocabulary_mismatches_are_reported() {
     let mut changed = smollm2_vocab.clone();
     changed[30_000] = "Ġsomething".into();
     let err = smollm2.check_vocab(&as_strs(&changed)).unwrap_err();
-    assert!(matches!(&err, TokenizerError::VocabToken { id: 30_000, model, .. } if model == "Ġsomething"), "{err}");
-    let err = smollm2.check_vocab(&as_strs(&smollm2_vocab[..49_000])).unwrap_err();
-    assert_eq!(err, TokenizerError::VocabSize { tokenizer: 49_152, model: 49_000 });
+    assert!(
+        matches!(&err, TokenizerError::VocabToken { id: 30_000, model, .. } if model == "Ġsomething"),
+        "{err}"
+    );
+    let err = smollm2
+        .check_vocab(&as_strs(&smollm2_vocab[..49_000]))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        TokenizerError::VocabSize {
+            tokenizer: 49_152,
+            model: 49_000
+        }
+    );
 }
 
 #[test]
@@ -362,21 +455,25 @@ fn chat_template_sources() {
     let json = std::fs::read(dir.join("tokenizer.json")).unwrap();
     let template = std::fs::read_to_string(dir.join("chat_template.jinja")).unwrap();
     let messages = [ChatMessage::new("user", "Hi")];
-    let expected = load(&models, SMOLLM2).apply_chat_template(&messages, true).unwrap();
+    let expected = load(&models, SMOLLM2)
+        .apply_chat_template(&messages, true)
+        .unwrap();
 
     let config_with = |chat_template: serde_json::Value| {
         serde_json::to_vec(&serde_json::json!({"eos_token": {"content": "<|im_end|>"}, "chat_template": chat_template}))
             .unwrap()
     };
     // The template as a config string, and as the default of a named list.
-    let tok = Tokenizer::from_bytes(&json, Some(&config_with(template.clone().into())), None).unwrap();
+    let tok =
+        Tokenizer::from_bytes(&json, Some(&config_with(template.clone().into())), None).unwrap();
     assert_eq!(tok.apply_chat_template(&messages, true).unwrap(), expected);
     assert_eq!(tok.eos_token(), Some("<|im_end|>"));
     let list = serde_json::json!([{"name": "tool_use", "template": "x"}, {"name": "default", "template": template}]);
     let tok = Tokenizer::from_bytes(&json, Some(&config_with(list)), None).unwrap();
     assert_eq!(tok.apply_chat_template(&messages, true).unwrap(), expected);
     // chat_template.jinja wins over the config.
-    let tok = Tokenizer::from_bytes(&json, Some(&config_with("config".into())), Some("file")).unwrap();
+    let tok =
+        Tokenizer::from_bytes(&json, Some(&config_with("config".into())), Some("file")).unwrap();
     assert_eq!(tok.apply_chat_template(&messages, true).unwrap(), "file");
 
     let tok = Tokenizer::from_bytes(&json, None, None).unwrap();
@@ -384,34 +481,67 @@ fn chat_template_sources() {
     let err = tok.apply_chat_template(&messages, true).unwrap_err();
     assert!(matches!(err, TokenizerError::NoChatTemplate(_)), "{err}");
     let list = serde_json::json!([{"name": "tool_use", "template": "x"}]);
-    let err = Tokenizer::from_bytes(&json, Some(&config_with(list)), None).unwrap().encode_chat(&messages, true);
+    let err = Tokenizer::from_bytes(&json, Some(&config_with(list)), None)
+        .unwrap()
+        .encode_chat(&messages, true);
     assert!(err.unwrap_err().to_string().contains("tool_use"));
 
     let tok = Tokenizer::from_bytes(&json, None, Some("{% if %}")).unwrap();
     assert!(!tok.has_chat_template());
-    assert!(matches!(tok.apply_chat_template(&messages, true), Err(TokenizerError::Template(_))));
-    let tok = Tokenizer::from_bytes(&json, None, Some("{{ raise_exception('only user roles') }}")).unwrap();
+    assert!(matches!(
+        tok.apply_chat_template(&messages, true),
+        Err(TokenizerError::Template(_))
+    ));
+    let tok = Tokenizer::from_bytes(
+        &json,
+        None,
+        Some("{{ raise_exception('only user roles') }}"),
+    )
+    .unwrap();
     let err = tok.apply_chat_template(&messages, true).unwrap_err();
     assert!(err.to_string().contains("only user roles"), "{err}");
-    let err = load(&models, SMOLLM2).apply_chat_template(&[], true).unwrap_err();
+    let err = load(&models, SMOLLM2)
+        .apply_chat_template(&[], true)
+        .unwrap_err();
     assert!(err.to_string().contains("empty conversation"), "{err}");
 }
 
 #[test]
 fn bad_inputs_give_named_errors() {
-    let err = Tokenizer::from_bytes(b"{not json", None, None).err().unwrap();
-    assert!(matches!(err, TokenizerError::TokenizerJson(_)) && err.to_string().contains("tokenizer.json"), "{err}");
-    let err = Tokenizer::from_path(Path::new("/nonexistent/lean/tokenizer")).err().unwrap();
-    assert!(err.to_string().contains("/nonexistent/lean/tokenizer"), "{err}");
+    let err = Tokenizer::from_bytes(b"{not json", None, None)
+        .err()
+        .unwrap();
+    assert!(
+        matches!(err, TokenizerError::TokenizerJson(_))
+            && err.to_string().contains("tokenizer.json"),
+        "{err}"
+    );
+    let err = Tokenizer::from_path(Path::new("/nonexistent/lean/tokenizer"))
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("/nonexistent/lean/tokenizer"),
+        "{err}"
+    );
 
     let Some(models) = models_dir() else { return };
     let json = std::fs::read(models.join(SMOLLM2).join("tokenizer.json")).unwrap();
-    let err = Tokenizer::from_bytes(&json, Some(b"[1, 2]"), None).err().unwrap();
+    let err = Tokenizer::from_bytes(&json, Some(b"[1, 2]"), None)
+        .err()
+        .unwrap();
     assert!(matches!(err, TokenizerError::Config(_)), "{err}");
-    let err = Tokenizer::from_bytes(&json, Some(br#"{"eos_token": 5}"#), None).err().unwrap();
+    let err = Tokenizer::from_bytes(&json, Some(br#"{"eos_token": 5}"#), None)
+        .err()
+        .unwrap();
     assert!(err.to_string().contains("eos_token"), "{err}");
     // A tokenizer.json file path finds its sibling files.
     let tok = Tokenizer::from_path(&models.join(SMOLLM2).join("tokenizer.json")).unwrap();
     assert!(tok.has_chat_template());
     assert_eq!(tok.eos_token(), Some("<|im_end|>"));
+}
+
+#[test]
+fn tokenizer_can_be_shared_between_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Tokenizer>();
 }

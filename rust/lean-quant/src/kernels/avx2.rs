@@ -8,7 +8,9 @@ use crate::TensorType;
 use std::arch::x86_64::*;
 
 pub(super) fn supported() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
 }
 
 pub(super) static KERNELS: Kernels = Kernels {
@@ -17,7 +19,9 @@ pub(super) static KERNELS: Kernels = Kernels {
     gemm: Gemm {
         panel_rows: 16,
         depth_block: 256,
-        tiles: &[tile::<1>, tile::<2>, tile::<3>, tile::<4>, tile::<5>, tile::<6>],
+        tiles: &[
+            tile::<1>, tile::<2>, tile::<3>, tile::<4>, tile::<5>, tile::<6>,
+        ],
         pack,
     },
 };
@@ -126,7 +130,8 @@ unsafe fn dequant_blocks<D: Decode>(src: &[u8], dst: &mut [f32]) {
 unsafe fn dot_floats<D: Decode>(ty: TensorType, row: &[u8], x: &[f32]) -> f32 {
     let body = x.len() / 32 * 32;
     let body_bytes = body * ty.block_bytes();
-    dot_blocks::<D>(&row[..body_bytes], &x[..body]) + crate::scalar::dot(ty, &row[body_bytes..], &x[body..])
+    dot_blocks::<D>(&row[..body_bytes], &x[..body])
+        + crate::scalar::dot(ty, &row[body_bytes..], &x[body..])
 }
 
 unsafe fn dequant_floats<D: Decode>(ty: TensorType, src: &[u8], dst: &mut [f32]) {
@@ -192,7 +197,10 @@ unsafe fn widen32(v: __m256i) -> [__m256; 4] {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn nibbles(qs: __m128i) -> __m256i {
     let mask = _mm_set1_epi8(0x0F);
-    _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(qs), mask), _mm_and_si128(qs, mask))
+    _mm256_set_m128i(
+        _mm_and_si128(_mm_srli_epi16::<4>(qs), mask),
+        _mm_and_si128(qs, mask),
+    )
 }
 
 /// Byte i = 0x10 where bit i of `qh` is set, else 0: the fifth bits of a Q5_0/Q5_1 block.
@@ -203,7 +211,8 @@ unsafe fn fifth_bits(qh: u32) -> __m256i {
     let spread = _mm256_shuffle_epi8(
         _mm256_set1_epi32(qh as i32),
         _mm256_setr_epi8(
-            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
+            3, 3, 3,
         ),
     );
     let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
@@ -276,7 +285,12 @@ impl Decode for F32 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn group<const G: usize>(unit: *const u8, _: ()) -> [__m256; 4] {
         let p = unit as *const f32;
-        [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))]
+        [
+            _mm256_loadu_ps(p),
+            _mm256_loadu_ps(p.add(8)),
+            _mm256_loadu_ps(p.add(16)),
+            _mm256_loadu_ps(p.add(24)),
+        ]
     }
 }
 
@@ -306,7 +320,10 @@ impl Decode for BF16 {
             // Like `half::bf16::to_f32`, NaNs come out quiet.
             let magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF_FFFF));
             let nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7F80_0000));
-            _mm256_castsi256_ps(_mm256_or_si256(bits, _mm256_and_si256(nan, _mm256_set1_epi32(0x0040_0000))))
+            _mm256_castsi256_ps(_mm256_or_si256(
+                bits,
+                _mm256_and_si256(nan, _mm256_set1_epi32(0x0040_0000)),
+            ))
         };
         [widen(0), widen(1), widen(2), widen(3)]
     }
@@ -351,7 +368,10 @@ impl Decode for Q5_0 {
         // d * (q - 16), q = nibble | fifth bit << 4
         let qh = (block.add(2) as *const u32).read_unaligned();
         let q = _mm256_or_si256(nibbles(load16(block.add(6))), fifth_bits(qh));
-        mul(widen32(_mm256_sub_epi8(q, _mm256_set1_epi8(16))), f16_splat(block))
+        mul(
+            widen32(_mm256_sub_epi8(q, _mm256_set1_epi8(16))),
+            f16_splat(block),
+        )
     }
 }
 
@@ -405,8 +425,14 @@ impl Decode for Q2_K {
             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
         };
         (
-            [_mm256_mul_ps(d, half(scales, 0)), _mm256_mul_ps(d, half(scales, 1))],
-            [_mm256_mul_ps(dmin, half(mins, 0)), _mm256_mul_ps(dmin, half(mins, 1))],
+            [
+                _mm256_mul_ps(d, half(scales, 0)),
+                _mm256_mul_ps(d, half(scales, 1)),
+            ],
+            [
+                _mm256_mul_ps(dmin, half(mins, 0)),
+                _mm256_mul_ps(dmin, half(mins, 1)),
+            ],
         )
     }
     #[inline]
@@ -415,7 +441,10 @@ impl Decode for Q2_K {
         // Group G = 4h + j: bits 2j.. of qs[32h..32h + 32]; (d * scale) * q - (dmin * min),
         // sub-block 2G + i for the i-th 16 elements.
         let qs = load32(block.add(16 + 32 * (G / 4)));
-        let q = _mm256_and_si256(_mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * (G % 4) as i32)), _mm256_set1_epi8(3));
+        let q = _mm256_and_si256(
+            _mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * (G % 4) as i32)),
+            _mm256_set1_epi8(3),
+        );
         let [a, b, c, e] = widen32(q);
         let [a, b] = mul_sub([a, b], lane(dl, 2 * G), lane(ml, 2 * G));
         let [c, e] = mul_sub([c, e], lane(dl, 2 * G + 1), lane(ml, 2 * G + 1));
@@ -434,17 +463,26 @@ impl Decode for Q3_K {
         let [a, b, c, e] = q3_k_scales(&*(block.add(96) as *const [u8; 12]));
         let d = f16_splat(block.add(108));
         let eight = |bytes: u64| {
-            let scales = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes as i64)), _mm256_set1_epi32(32));
+            let scales = _mm256_sub_epi32(
+                _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes as i64)),
+                _mm256_set1_epi32(32),
+            );
             _mm256_mul_ps(d, _mm256_cvtepi32_ps(scales))
         };
-        [eight(a as u64 | (b as u64) << 32), eight(c as u64 | (e as u64) << 32)]
+        [
+            eight(a as u64 | (b as u64) << 32),
+            eight(c as u64 | (e as u64) << 32),
+        ]
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn group<const G: usize>(block: *const u8, dl: [__m256; 2]) -> [__m256; 4] {
         // Group G = 4h + j: low bits 2j.. of qs[32h..], third bit G of hmask[l] (clear: -4);
         // (d * scale) * q, sub-block 2G + i for the i-th 16 elements.
-        let low = _mm256_srl_epi16(load32(block.add(32 + 32 * (G / 4))), _mm_cvtsi32_si128(2 * (G % 4) as i32));
+        let low = _mm256_srl_epi16(
+            load32(block.add(32 + 32 * (G / 4))),
+            _mm_cvtsi32_si128(2 * (G % 4) as i32),
+        );
         let third = _mm256_srl_epi16(load32(block), _mm_cvtsi32_si128(G as i32));
         let low = _mm256_and_si256(low, _mm256_set1_epi8(3));
         let third = _mm256_slli_epi16::<2>(_mm256_and_si256(third, _mm256_set1_epi8(1)));
@@ -461,7 +499,10 @@ impl Decode for Q3_K {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn k4_scales(block: *const u8) -> (__m256, __m256) {
     let (scales, mins) = k4_scales_mins(&*(block.add(4) as *const [u8; 12]));
-    (_mm256_mul_ps(f16_splat(block), bytes8_to_f32(scales)), _mm256_mul_ps(f16_splat(block.add(2)), bytes8_to_f32(mins)))
+    (
+        _mm256_mul_ps(f16_splat(block), bytes8_to_f32(scales)),
+        _mm256_mul_ps(f16_splat(block.add(2)), bytes8_to_f32(mins)),
+    )
 }
 
 impl Decode for Q4_K {
@@ -478,7 +519,10 @@ impl Decode for Q4_K {
     unsafe fn group<const G: usize>(block: *const u8, (dl, ml): Self::Scales) -> [__m256; 4] {
         // Nibble G % 2 of qs[32(G/2)..]; (d * scale) * q - (dmin * min).
         let qs = load32(block.add(16 + 32 * (G / 2)));
-        let q = _mm256_and_si256(_mm256_srl_epi16(qs, _mm_cvtsi32_si128(4 * (G % 2) as i32)), _mm256_set1_epi8(0x0F));
+        let q = _mm256_and_si256(
+            _mm256_srl_epi16(qs, _mm_cvtsi32_si128(4 * (G % 2) as i32)),
+            _mm256_set1_epi8(0x0F),
+        );
         mul_sub(widen32(q), lane([dl], G), lane([ml], G))
     }
 }
@@ -497,8 +541,14 @@ impl Decode for Q5_K {
     unsafe fn group<const G: usize>(block: *const u8, (dl, ml): Self::Scales) -> [__m256; 4] {
         // Nibble G % 2 of qs[32(G/2)..], fifth bit G of qh[l]; (d * scale) * q - (dmin * min).
         let qs = load32(block.add(48 + 32 * (G / 2)));
-        let low = _mm256_and_si256(_mm256_srl_epi16(qs, _mm_cvtsi32_si128(4 * (G % 2) as i32)), _mm256_set1_epi8(0x0F));
-        let fifth = _mm256_and_si256(_mm256_srl_epi16(load32(block.add(16)), _mm_cvtsi32_si128(G as i32)), _mm256_set1_epi8(1));
+        let low = _mm256_and_si256(
+            _mm256_srl_epi16(qs, _mm_cvtsi32_si128(4 * (G % 2) as i32)),
+            _mm256_set1_epi8(0x0F),
+        );
+        let fifth = _mm256_and_si256(
+            _mm256_srl_epi16(load32(block.add(16)), _mm_cvtsi32_si128(G as i32)),
+            _mm256_set1_epi8(1),
+        );
         let q = _mm256_or_si256(low, _mm256_slli_epi16::<4>(fifth));
         mul_sub(widen32(q), lane([dl], G), lane([ml], G))
     }
@@ -524,9 +574,18 @@ impl Decode for Q6_K {
         let (h, r) = (G / 4, G % 4);
         let ql = load32(block.add(64 * h + 32 * (r % 2)));
         let qh = load32(block.add(128 + 32 * h));
-        let low = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (r / 2) as i32)), _mm256_set1_epi8(0x0F));
-        let top = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * r as i32)), _mm256_set1_epi8(3));
-        let q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16::<4>(top)), _mm256_set1_epi8(32));
+        let low = _mm256_and_si256(
+            _mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (r / 2) as i32)),
+            _mm256_set1_epi8(0x0F),
+        );
+        let top = _mm256_and_si256(
+            _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * r as i32)),
+            _mm256_set1_epi8(3),
+        );
+        let q = _mm256_sub_epi8(
+            _mm256_or_si256(low, _mm256_slli_epi16::<4>(top)),
+            _mm256_set1_epi8(32),
+        );
         let [a, b, c, e] = widen32(q);
         let [a, b] = mul([a, b], lane(dl, 2 * G));
         let [c, e] = mul([c, e], lane(dl, 2 * G + 1));
@@ -560,8 +619,14 @@ unsafe fn transpose8(rows: [__m256; 8]) -> [__m256; 8] {
     let mut u = [_mm256_setzero_ps(); 8];
     for g in 0..2 {
         let r = &rows[4 * g..4 * g + 4];
-        let (t0, t1) = (_mm256_unpacklo_ps(r[0], r[1]), _mm256_unpackhi_ps(r[0], r[1]));
-        let (t2, t3) = (_mm256_unpacklo_ps(r[2], r[3]), _mm256_unpackhi_ps(r[2], r[3]));
+        let (t0, t1) = (
+            _mm256_unpacklo_ps(r[0], r[1]),
+            _mm256_unpackhi_ps(r[0], r[1]),
+        );
+        let (t2, t3) = (
+            _mm256_unpacklo_ps(r[2], r[3]),
+            _mm256_unpackhi_ps(r[2], r[3]),
+        );
         u[4 * g] = _mm256_shuffle_ps::<0x44>(t0, t2);
         u[4 * g + 1] = _mm256_shuffle_ps::<0xEE>(t0, t2);
         u[4 * g + 2] = _mm256_shuffle_ps::<0x44>(t1, t3);

@@ -24,18 +24,8 @@ pub(super) static KERNELS: Kernels = Kernels {
         panel_rows: 32,
         depth_block: 128,
         tiles: &[
-            tile::<1>,
-            tile::<2>,
-            tile::<3>,
-            tile::<4>,
-            tile::<5>,
-            tile::<6>,
-            tile::<7>,
-            tile::<8>,
-            tile::<9>,
-            tile::<10>,
-            tile::<11>,
-            tile::<12>,
+            tile::<1>, tile::<2>, tile::<3>, tile::<4>, tile::<5>, tile::<6>, tile::<7>, tile::<8>,
+            tile::<9>, tile::<10>, tile::<11>, tile::<12>,
         ],
         pack,
     },
@@ -125,7 +115,11 @@ unsafe fn dot_blocks<D: Decode>(row: &[u8], x: &[f32]) -> f32 {
         let mut u = 0;
         while u + 2 <= units {
             fma(&mut even, single(w.add(u * D::UNIT_BYTES)), x.add(u * 32));
-            fma(&mut odd, single(w.add((u + 1) * D::UNIT_BYTES)), x.add(u * 32 + 32));
+            fma(
+                &mut odd,
+                single(w.add((u + 1) * D::UNIT_BYTES)),
+                x.add(u * 32 + 32),
+            );
             u += 2;
         }
         if u < units {
@@ -144,7 +138,10 @@ unsafe fn dot_blocks<D: Decode>(row: &[u8], x: &[f32]) -> f32 {
             groups!(0 => even, 1 => odd, 2 => even, 3 => odd, 4 => even, 5 => odd, 6 => even, 7 => odd);
         }
     }
-    let sum = _mm512_add_ps(_mm512_add_ps(even[0], even[1]), _mm512_add_ps(odd[0], odd[1]));
+    let sum = _mm512_add_ps(
+        _mm512_add_ps(even[0], even[1]),
+        _mm512_add_ps(odd[0], odd[1]),
+    );
     _mm512_reduce_add_ps(sum)
 }
 
@@ -159,7 +156,10 @@ unsafe fn dequant_blocks<D: Decode>(src: &[u8], dst: &mut [f32]) {
     };
     if D::GROUPS == 1 {
         for u in 0..units {
-            store(out.add(u * 32), D::group::<0>(w.add(u * D::UNIT_BYTES), std::ptr::null()));
+            store(
+                out.add(u * 32),
+                D::group::<0>(w.add(u * D::UNIT_BYTES), std::ptr::null()),
+            );
         }
     } else {
         for u in 0..units {
@@ -179,7 +179,8 @@ unsafe fn dequant_blocks<D: Decode>(src: &[u8], dst: &mut [f32]) {
 unsafe fn dot_floats<D: Decode>(ty: TensorType, row: &[u8], x: &[f32]) -> f32 {
     let body = x.len() / 32 * 32;
     let body_bytes = body * ty.block_bytes();
-    dot_blocks::<D>(&row[..body_bytes], &x[..body]) + crate::scalar::dot(ty, &row[body_bytes..], &x[body..])
+    dot_blocks::<D>(&row[..body_bytes], &x[..body])
+        + crate::scalar::dot(ty, &row[body_bytes..], &x[body..])
 }
 
 unsafe fn dequant_floats<D: Decode>(ty: TensorType, src: &[u8], dst: &mut [f32]) {
@@ -294,7 +295,10 @@ impl Decode for F16 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     unsafe fn group<const G: usize>(unit: *const u8, _: *const f32) -> [__m512; 2] {
         let p = unit as *const __m256i;
-        [_mm512_cvtph_ps(_mm256_loadu_si256(p)), _mm512_cvtph_ps(_mm256_loadu_si256(p.add(1)))]
+        [
+            _mm512_cvtph_ps(_mm256_loadu_si256(p)),
+            _mm512_cvtph_ps(_mm256_loadu_si256(p.add(1))),
+        ]
     }
 }
 
@@ -310,9 +314,17 @@ impl Decode for BF16 {
             // Like `half::bf16::to_f32`, NaNs come out quiet.
             let magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFF_FFFF));
             let nan = _mm512_cmpgt_epi32_mask(magnitude, _mm512_set1_epi32(0x7F80_0000));
-            _mm512_castsi512_ps(_mm512_mask_or_epi32(bits, nan, bits, _mm512_set1_epi32(0x0040_0000)))
+            _mm512_castsi512_ps(_mm512_mask_or_epi32(
+                bits,
+                nan,
+                bits,
+                _mm512_set1_epi32(0x0040_0000),
+            ))
         };
-        [widen(_mm256_loadu_si256(p)), widen(_mm256_loadu_si256(p.add(1)))]
+        [
+            widen(_mm256_loadu_si256(p)),
+            widen(_mm256_loadu_si256(p.add(1))),
+        ]
     }
 }
 
@@ -336,7 +348,10 @@ impl Decode for Q4_1 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     unsafe fn group<const G: usize>(block: *const u8, _: *const f32) -> [__m512; 2] {
         // d * q + m
-        let table = _mm512_add_ps(_mm512_mul_ps(f16_splat(block), load_iota(&IOTA)), f16_splat(block.add(2)));
+        let table = _mm512_add_ps(
+            _mm512_mul_ps(f16_splat(block), load_iota(&IOTA)),
+            f16_splat(block.add(2)),
+        );
         let q = bytes16(block.add(4));
         [lookup(q, table), lookup(_mm512_srli_epi32::<4>(q), table)]
     }
@@ -388,8 +403,13 @@ impl Decode for Q8_0 {
     unsafe fn group<const G: usize>(block: *const u8, _: *const f32) -> [__m512; 2] {
         // q * d
         let d = f16_splat(block);
-        let q = |p: *const u8| _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i)));
-        [_mm512_mul_ps(q(block.add(2)), d), _mm512_mul_ps(q(block.add(18)), d)]
+        let q = |p: *const u8| {
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i)))
+        };
+        [
+            _mm512_mul_ps(q(block.add(2)), d),
+            _mm512_mul_ps(q(block.add(18)), d),
+        ]
     }
 }
 
@@ -403,8 +423,14 @@ impl Decode for Q2_K {
         let bytes = bytes16(block);
         let scales = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(0x0F)));
         let mins = _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(bytes));
-        _mm512_storeu_ps(out.as_mut_ptr(), _mm512_mul_ps(f16_splat(block.add(80)), scales));
-        _mm512_storeu_ps(out.as_mut_ptr().add(16), _mm512_mul_ps(f16_splat(block.add(82)), mins));
+        _mm512_storeu_ps(
+            out.as_mut_ptr(),
+            _mm512_mul_ps(f16_splat(block.add(80)), scales),
+        );
+        _mm512_storeu_ps(
+            out.as_mut_ptr().add(16),
+            _mm512_mul_ps(f16_splat(block.add(82)), mins),
+        );
     }
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
@@ -414,9 +440,15 @@ impl Decode for Q2_K {
         let qs = block.add(16 + 32 * (G / 4));
         let shift = _mm_cvtsi32_si128(2 * (G % 4) as i32);
         let half = |i: usize| {
-            let (dl, ml) = (splat_at(scales, 2 * G + i), splat_at(scales, 16 + 2 * G + i));
+            let (dl, ml) = (
+                splat_at(scales, 2 * G + i),
+                splat_at(scales, 16 + 2 * G + i),
+            );
             let table = _mm512_sub_ps(_mm512_mul_ps(dl, load_iota(&IOTA)), ml);
-            let q = _mm512_and_si512(_mm512_srl_epi32(bytes16(qs.add(16 * i)), shift), _mm512_set1_epi32(3));
+            let q = _mm512_and_si512(
+                _mm512_srl_epi32(bytes16(qs.add(16 * i)), shift),
+                _mm512_set1_epi32(3),
+            );
             lookup(q, table)
         };
         [half(0), half(1)]
@@ -433,7 +465,10 @@ impl Decode for Q3_K {
         let [a, b, c, e] = q3_k_scales(&*(block.add(96) as *const [u8; 12]));
         let stored = _mm512_cvtepu8_epi32(_mm_setr_epi32(a as i32, b as i32, c as i32, e as i32));
         let scales = _mm512_cvtepi32_ps(_mm512_sub_epi32(stored, _mm512_set1_epi32(32)));
-        _mm512_storeu_ps(out.as_mut_ptr(), _mm512_mul_ps(f16_splat(block.add(108)), scales));
+        _mm512_storeu_ps(
+            out.as_mut_ptr(),
+            _mm512_mul_ps(f16_splat(block.add(108)), scales),
+        );
     }
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
@@ -446,8 +481,12 @@ impl Decode for Q3_K {
         let shift = _mm_cvtsi32_si128(2 * (G % 4) as i32);
         let half = |i: usize| {
             let table = _mm512_mul_ps(splat_at(dl, 2 * G + i), load_iota(&IOTA_M4));
-            let low = _mm512_and_si512(_mm512_srl_epi32(bytes16(qs.add(16 * i)), shift), _mm512_set1_epi32(3));
-            let q = _mm512_mask_or_epi32(low, (third >> (16 * i)) as u16, low, _mm512_set1_epi32(4));
+            let low = _mm512_and_si512(
+                _mm512_srl_epi32(bytes16(qs.add(16 * i)), shift),
+                _mm512_set1_epi32(3),
+            );
+            let q =
+                _mm512_mask_or_epi32(low, (third >> (16 * i)) as u16, low, _mm512_set1_epi32(4));
             lookup(q, table)
         };
         [half(0), half(1)]
@@ -460,8 +499,14 @@ impl Decode for Q3_K {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn k4_scales(block: *const u8, out: &mut Scales) {
     let (scales, mins) = k4_scales_mins(&*(block.add(4) as *const [u8; 12]));
-    let pairs = _mm_unpacklo_epi8(_mm_cvtsi64_si128(scales as i64), _mm_cvtsi64_si128(mins as i64));
-    let products = _mm512_mul_ps(f16_pair_splat(block), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(pairs)));
+    let pairs = _mm_unpacklo_epi8(
+        _mm_cvtsi64_si128(scales as i64),
+        _mm_cvtsi64_si128(mins as i64),
+    );
+    let products = _mm512_mul_ps(
+        f16_pair_splat(block),
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(pairs)),
+    );
     _mm512_storeu_ps(out.as_mut_ptr(), products);
 }
 
@@ -477,10 +522,16 @@ impl Decode for Q4_K {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     unsafe fn group<const G: usize>(block: *const u8, scales: *const f32) -> [__m512; 2] {
         // Nibble G % 2 of qs[32(G/2)..]; (d * scale) * q - (dmin * min).
-        let table = _mm512_sub_ps(_mm512_mul_ps(splat_at(scales, 2 * G), load_iota(&IOTA)), splat_at(scales, 2 * G + 1));
+        let table = _mm512_sub_ps(
+            _mm512_mul_ps(splat_at(scales, 2 * G), load_iota(&IOTA)),
+            splat_at(scales, 2 * G + 1),
+        );
         let qs = block.add(16 + 32 * (G / 2));
         let shift = _mm_cvtsi32_si128(4 * (G % 2) as i32);
-        [lookup(_mm512_srl_epi32(bytes16(qs), shift), table), lookup(_mm512_srl_epi32(bytes16(qs.add(16)), shift), table)]
+        [
+            lookup(_mm512_srl_epi32(bytes16(qs), shift), table),
+            lookup(_mm512_srl_epi32(bytes16(qs.add(16)), shift), table),
+        ]
     }
 }
 
@@ -504,8 +555,18 @@ impl Decode for Q5_K {
         let qs = block.add(48 + 32 * (G / 2));
         let shift = _mm_cvtsi32_si128(4 * (G % 2) as i32);
         [
-            lookup32(_mm512_srl_epi32(bytes16(qs), shift), low, high, fifth as u16),
-            lookup32(_mm512_srl_epi32(bytes16(qs.add(16)), shift), low, high, (fifth >> 16) as u16),
+            lookup32(
+                _mm512_srl_epi32(bytes16(qs), shift),
+                low,
+                high,
+                fifth as u16,
+            ),
+            lookup32(
+                _mm512_srl_epi32(bytes16(qs.add(16)), shift),
+                low,
+                high,
+                (fifth >> 16) as u16,
+            ),
         ]
     }
 }
@@ -517,8 +578,13 @@ impl Decode for Q6_K {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     unsafe fn scales(block: *const u8, out: &mut Scales) {
-        let scales = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(block.add(192) as *const __m128i)));
-        _mm512_storeu_ps(out.as_mut_ptr(), _mm512_mul_ps(f16_splat(block.add(208)), scales));
+        let scales = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+            block.add(192) as *const __m128i
+        )));
+        _mm512_storeu_ps(
+            out.as_mut_ptr(),
+            _mm512_mul_ps(f16_splat(block.add(208)), scales),
+        );
     }
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
@@ -528,13 +594,25 @@ impl Decode for Q6_K {
         let (h, r) = (G / 4, G % 4);
         let ql = _mm256_loadu_si256(block.add(64 * h + 32 * (r % 2)) as *const __m256i);
         let qh = _mm256_loadu_si256(block.add(128 + 32 * h) as *const __m256i);
-        let low = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (r / 2) as i32)), _mm256_set1_epi8(0x0F));
-        let top = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * r as i32)), _mm256_set1_epi8(3));
-        let q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16::<4>(top)), _mm256_set1_epi8(32));
+        let low = _mm256_and_si256(
+            _mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (r / 2) as i32)),
+            _mm256_set1_epi8(0x0F),
+        );
+        let top = _mm256_and_si256(
+            _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * r as i32)),
+            _mm256_set1_epi8(3),
+        );
+        let q = _mm256_sub_epi8(
+            _mm256_or_si256(low, _mm256_slli_epi16::<4>(top)),
+            _mm256_set1_epi8(32),
+        );
         let widen = |q: __m128i| _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
         [
             _mm512_mul_ps(splat_at(dl, 2 * G), widen(_mm256_castsi256_si128(q))),
-            _mm512_mul_ps(splat_at(dl, 2 * G + 1), widen(_mm256_extracti128_si256::<1>(q))),
+            _mm512_mul_ps(
+                splat_at(dl, 2 * G + 1),
+                widen(_mm256_extracti128_si256::<1>(q)),
+            ),
         ]
     }
 }
@@ -566,8 +644,14 @@ unsafe fn transpose16(rows: [__m512; 16]) -> [__m512; 16] {
     let mut u = [_mm512_setzero_ps(); 16];
     for g in 0..4 {
         let r = &rows[4 * g..4 * g + 4];
-        let (t0, t1) = (_mm512_unpacklo_ps(r[0], r[1]), _mm512_unpackhi_ps(r[0], r[1]));
-        let (t2, t3) = (_mm512_unpacklo_ps(r[2], r[3]), _mm512_unpackhi_ps(r[2], r[3]));
+        let (t0, t1) = (
+            _mm512_unpacklo_ps(r[0], r[1]),
+            _mm512_unpackhi_ps(r[0], r[1]),
+        );
+        let (t2, t3) = (
+            _mm512_unpacklo_ps(r[2], r[3]),
+            _mm512_unpackhi_ps(r[2], r[3]),
+        );
         u[4 * g] = _mm512_shuffle_ps::<0x44>(t0, t2);
         u[4 * g + 1] = _mm512_shuffle_ps::<0xEE>(t0, t2);
         u[4 * g + 2] = _mm512_shuffle_ps::<0x44>(t1, t3);
@@ -576,8 +660,14 @@ unsafe fn transpose16(rows: [__m512; 16]) -> [__m512; 16] {
     // Then gather the four 128-bit lanes of each column.
     let mut out = [_mm512_setzero_ps(); 16];
     for c in 0..4 {
-        let low_lanes = (_mm512_shuffle_f32x4::<0x44>(u[c], u[4 + c]), _mm512_shuffle_f32x4::<0x44>(u[8 + c], u[12 + c]));
-        let high_lanes = (_mm512_shuffle_f32x4::<0xEE>(u[c], u[4 + c]), _mm512_shuffle_f32x4::<0xEE>(u[8 + c], u[12 + c]));
+        let low_lanes = (
+            _mm512_shuffle_f32x4::<0x44>(u[c], u[4 + c]),
+            _mm512_shuffle_f32x4::<0x44>(u[8 + c], u[12 + c]),
+        );
+        let high_lanes = (
+            _mm512_shuffle_f32x4::<0xEE>(u[c], u[4 + c]),
+            _mm512_shuffle_f32x4::<0xEE>(u[8 + c], u[12 + c]),
+        );
         out[c] = _mm512_shuffle_f32x4::<0x88>(low_lanes.0, low_lanes.1);
         out[4 + c] = _mm512_shuffle_f32x4::<0xDD>(low_lanes.0, low_lanes.1);
         out[8 + c] = _mm512_shuffle_f32x4::<0x88>(high_lanes.0, high_lanes.1);

@@ -122,13 +122,22 @@ impl Isa {
             let available = Isa::available();
             std::env::var("LEAN_ISA")
                 .ok()
-                .and_then(|name| available.iter().copied().find(|isa| isa.name().eq_ignore_ascii_case(name.trim())))
+                .and_then(|name| {
+                    available
+                        .iter()
+                        .copied()
+                        .find(|isa| isa.name().eq_ignore_ascii_case(name.trim()))
+                })
                 .unwrap_or(available[0])
         })
     }
 
     fn kernels(self) -> &'static Kernels {
-        assert!(Isa::available().contains(&self), "the {} kernels cannot run on this machine", self.name());
+        assert!(
+            Isa::available().contains(&self),
+            "the {} kernels cannot run on this machine",
+            self.name()
+        );
         match self {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => &avx512::KERNELS,
@@ -162,10 +171,23 @@ impl Isa {
     }
 
     /// `crate::matvec` on this path.
-    pub fn matvec(self, ty: TensorType, w: &[u8], rows: usize, cols: usize, x: &[f32], y: &mut [f32]) {
+    pub fn matvec(
+        self,
+        ty: TensorType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        y: &mut [f32],
+    ) {
         let kernels = self.kernels();
         let row_bytes = check_matrix(ty, w.len(), rows, cols);
-        assert!(x.len() == cols && y.len() == rows, "matvec: x has {} (want {cols}), y {} (want {rows}) elements", x.len(), y.len());
+        assert!(
+            x.len() == cols && y.len() == rows,
+            "matvec: x has {} (want {cols}), y {} (want {rows}) elements",
+            x.len(),
+            y.len()
+        );
         if cols == 0 {
             y.fill(0.0);
             return;
@@ -184,7 +206,9 @@ impl Isa {
             let tasks = parallel_tasks(rows.saturating_mul(cols));
             if tasks > 1 {
                 let chunk = rows.div_ceil(tasks);
-                y.par_chunks_mut(chunk).enumerate().for_each(|(i, ys)| rows_dot(i * chunk, ys));
+                y.par_chunks_mut(chunk)
+                    .enumerate()
+                    .for_each(|(i, ys)| rows_dot(i * chunk, ys));
                 return;
             }
         }
@@ -193,7 +217,16 @@ impl Isa {
 
     /// `crate::matmul` on this path.
     #[allow(clippy::too_many_arguments)]
-    pub fn matmul(self, ty: TensorType, w: &[u8], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
+    pub fn matmul(
+        self,
+        ty: TensorType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+    ) {
         let kernels = self.kernels();
         let row_bytes = check_matrix(ty, w.len(), rows, cols);
         assert!(
@@ -213,7 +246,16 @@ impl Isa {
             }
             return;
         }
-        let gemm = Panels { kernels, ty, w, row_bytes, rows, cols, x, y: SharedOut(y.as_mut_ptr()) };
+        let gemm = Panels {
+            kernels,
+            ty,
+            w,
+            row_bytes,
+            rows,
+            cols,
+            x,
+            y: SharedOut(y.as_mut_ptr()),
+        };
         let panels = rows.div_ceil(kernels.gemm.panel_rows);
         // Work items: a block of tokens times a group of panels. Within one, every panel
         // passes over the same PACK_COLUMNS-wide slice of the block's activations before the
@@ -235,12 +277,18 @@ impl Isa {
         let run = |task: usize, scratch: &mut PanelScratch| {
             let (first_token, first_panel) = (task / groups * block, task % groups * group);
             let tokens = first_token..(first_token + block).min(n);
-            gemm.run(first_panel..(first_panel + group).min(panels), tokens, scratch);
+            gemm.run(
+                first_panel..(first_panel + group).min(panels),
+                tokens,
+                scratch,
+            );
         };
         #[cfg(feature = "threads")]
         if tasks > 1 {
             use rayon::prelude::*;
-            (0..token_blocks * groups).into_par_iter().for_each_init(PanelScratch::default, |scratch, task| run(task, scratch));
+            (0..token_blocks * groups)
+                .into_par_iter()
+                .for_each_init(PanelScratch::default, |scratch, task| run(task, scratch));
             return;
         }
         let mut scratch = PanelScratch::default();
@@ -336,7 +384,12 @@ impl Panels<'_> {
     /// contiguous runs), then for each depth block of them transposes it into the
     /// column-major `packed` (L1-sized) and runs the micro-kernel over all the tokens.
     fn run(&self, panels: Range<usize>, tokens: Range<usize>, scratch: &mut PanelScratch) {
-        let Gemm { panel_rows, depth_block, tiles, pack } = self.kernels.gemm;
+        let Gemm {
+            panel_rows,
+            depth_block,
+            tiles,
+            pack,
+        } = self.kernels.gemm;
         let (cols, rows, n_tokens) = (self.cols, self.rows, tokens.len());
         debug_assert_eq!(PACK_COLUMNS % depth_block, 0);
         scratch.rows.resize(panel_rows * PACK_STRIDE, 0.0);
@@ -348,7 +401,10 @@ impl Panels<'_> {
         let full_tile = tiles.len();
         for k0 in (0..cols).step_by(PACK_COLUMNS) {
             let width = PACK_COLUMNS.min(cols - k0);
-            let (offset, bytes) = (k0 / block_len * block_bytes, width / block_len * block_bytes);
+            let (offset, bytes) = (
+                k0 / block_len * block_bytes,
+                width / block_len * block_bytes,
+            );
             for panel in panels.clone() {
                 let first_row = panel * panel_rows;
                 let panel_len = panel_rows.min(rows - first_row);
@@ -357,7 +413,10 @@ impl Panels<'_> {
                 } else {
                     // SAFETY: `y` has n x rows elements; this task owns rows
                     // `first_row..first_row + panel_rows` of tokens `tokens`.
-                    (unsafe { self.y.0.add(tokens.start * rows + first_row) }, rows)
+                    (
+                        unsafe { self.y.0.add(tokens.start * rows + first_row) },
+                        rows,
+                    )
                 };
                 for (r, dst) in scratch.rows.chunks_exact_mut(PACK_STRIDE).enumerate() {
                     let dst = &mut dst[..width];
@@ -375,7 +434,14 @@ impl Panels<'_> {
                     let depth = depth_block.min(width - d0);
                     // SAFETY: the CPU was checked; `rows` has `panel_rows` rows of PACK_STRIDE
                     // with `d0 + depth <= width` columns filled, `packed` `depth * panel_rows`.
-                    unsafe { pack(scratch.rows.as_ptr().add(d0), PACK_STRIDE, depth, scratch.packed.as_mut_ptr()) };
+                    unsafe {
+                        pack(
+                            scratch.rows.as_ptr().add(d0),
+                            PACK_STRIDE,
+                            depth,
+                            scratch.packed.as_mut_ptr(),
+                        )
+                    };
                     let mut t = 0;
                     while t < n_tokens {
                         let tile = full_tile.min(n_tokens - t);
@@ -416,7 +482,14 @@ impl Panels<'_> {
 
 /// `PackFn` in plain code, for columns `from..depth` (the ISA kernels transpose whole
 /// squares and leave the remaining columns to this). Safety: as `PackFn`.
-unsafe fn pack_columns(rows: *const f32, row_stride: usize, panel_rows: usize, from: usize, depth: usize, packed: *mut f32) {
+unsafe fn pack_columns(
+    rows: *const f32,
+    row_stride: usize,
+    panel_rows: usize,
+    from: usize,
+    depth: usize,
+    packed: *mut f32,
+) {
     for k in from..depth {
         for r in 0..panel_rows {
             *packed.add(k * panel_rows + r) = *rows.add(r * row_stride + k);
@@ -426,7 +499,12 @@ unsafe fn pack_columns(rows: *const f32, row_stride: usize, panel_rows: usize, f
 
 /// A dot through the scalar dequantizer, 256 elements (one K-quant block) at a time into a
 /// stack buffer, each chunk summed by `f32_dot`. For paths and types without a fused kernel.
-fn dot_via_buffer(ty: TensorType, row: &[u8], x: &[f32], f32_dot: impl Fn(&[f32], &[f32]) -> f32) -> f32 {
+fn dot_via_buffer(
+    ty: TensorType,
+    row: &[u8],
+    x: &[f32],
+    f32_dot: impl Fn(&[f32], &[f32]) -> f32,
+) -> f32 {
     const CHUNK: usize = 256;
     let chunk_bytes = CHUNK / ty.block_len() * ty.block_bytes();
     let mut buf = [0f32; CHUNK];
@@ -447,7 +525,10 @@ fn k4_scales_mins(packed: &[u8; 12]) -> (u64, u64) {
     // bytes 8..12 and their top two bits in the spare bits 6..8 of bytes 0..8.
     let scales_high = (c & 0x0F0F_0F0F) | ((a >> 6) & 0x0303_0303) << 4;
     let mins_high = ((c >> 4) & 0x0F0F_0F0F) | ((b >> 6) & 0x0303_0303) << 4;
-    ((a & 0x3F3F_3F3F) as u64 | (scales_high as u64) << 32, (b & 0x3F3F_3F3F) as u64 | (mins_high as u64) << 32)
+    (
+        (a & 0x3F3F_3F3F) as u64 | (scales_high as u64) << 32,
+        (b & 0x3F3F_3F3F) as u64 | (mins_high as u64) << 32,
+    )
 }
 
 /// The sixteen 6-bit scales of a Q3_K block (stored with a +32 offset, see
@@ -456,10 +537,22 @@ fn q3_k_scales(packed: &[u8; 12]) -> [u32; 4] {
     let [a, b, c] = words(packed);
     let low = 0x0F0F_0F0F;
     let high = |shift: u32| ((c >> shift) & 0x0303_0303) << 4;
-    [(a & low) | high(0), (b & low) | high(2), ((a >> 4) & low) | high(4), ((b >> 4) & low) | high(6)]
+    [
+        (a & low) | high(0),
+        (b & low) | high(2),
+        ((a >> 4) & low) | high(4),
+        ((b >> 4) & low) | high(6),
+    ]
 }
 
 fn words(packed: &[u8; 12]) -> [u32; 3] {
-    let word = |i: usize| u32::from_le_bytes([packed[4 * i], packed[4 * i + 1], packed[4 * i + 2], packed[4 * i + 3]]);
+    let word = |i: usize| {
+        u32::from_le_bytes([
+            packed[4 * i],
+            packed[4 * i + 1],
+            packed[4 * i + 2],
+            packed[4 * i + 3],
+        ])
+    };
     [word(0), word(1), word(2)]
 }

@@ -14,7 +14,9 @@ pub(super) static KERNELS: Kernels = Kernels {
     gemm: Gemm {
         panel_rows: 16,
         depth_block: 128,
-        tiles: &[tile::<1>, tile::<2>, tile::<3>, tile::<4>, tile::<5>, tile::<6>],
+        tiles: &[
+            tile::<1>, tile::<2>, tile::<3>, tile::<4>, tile::<5>, tile::<6>,
+        ],
         pack,
     },
 };
@@ -77,7 +79,10 @@ unsafe fn fma_acc(acc: &mut [V; 8], w: [V; 8], x: *const f32) {
 
 unsafe fn sum_acc(acc: [V; 8]) -> f32 {
     let quad = |i: usize| vaddq_f32(acc[i], acc[i + 4]);
-    vaddvq_f32(vaddq_f32(vaddq_f32(quad(0), quad(1)), vaddq_f32(quad(2), quad(3))))
+    vaddvq_f32(vaddq_f32(
+        vaddq_f32(quad(0), quad(1)),
+        vaddq_f32(quad(2), quad(3)),
+    ))
 }
 
 /// Fused dot over whole units: `x.len()` must be a multiple of `32 * D::GROUPS` and `row` hold
@@ -121,7 +126,8 @@ unsafe fn dequant_blocks<D: Decode>(src: &[u8], dst: &mut [f32]) {
 unsafe fn dot_floats<D: Decode>(ty: TensorType, row: &[u8], x: &[f32]) -> f32 {
     let body = x.len() / 32 * 32;
     let body_bytes = body * ty.block_bytes();
-    dot_blocks::<D>(&row[..body_bytes], &x[..body]) + scalar::dot(ty, &row[body_bytes..], &x[body..])
+    dot_blocks::<D>(&row[..body_bytes], &x[..body])
+        + scalar::dot(ty, &row[body_bytes..], &x[body..])
 }
 
 unsafe fn dequant_floats<D: Decode>(ty: TensorType, src: &[u8], dst: &mut [f32]) {
@@ -186,7 +192,10 @@ unsafe fn widen32(a: uint8x16_t, b: uint8x16_t) -> [V; 8] {
 unsafe fn fifth_bits(bits: u32) -> uint8x16_t {
     const SPREAD: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
     const BIT: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
-    let spread = vqtbl1q_u8(vreinterpretq_u8_u32(vdupq_n_u32(bits)), vld1q_u8(SPREAD.as_ptr()));
+    let spread = vqtbl1q_u8(
+        vreinterpretq_u8_u32(vdupq_n_u32(bits)),
+        vld1q_u8(SPREAD.as_ptr()),
+    );
     vandq_u8(vtstq_u8(spread, vld1q_u8(BIT.as_ptr())), vdupq_n_u8(0x10))
 }
 
@@ -261,10 +270,19 @@ impl Decode for BF16 {
         let mut w = [vdupq_n_f32(0.0); 8];
         for (i, pair) in w.chunks_exact_mut(2).enumerate() {
             let halves = vld1q_u16(unit.add(16 * i) as *const u16);
-            for (v, bits) in pair.iter_mut().zip([vshll_n_u16::<16>(vget_low_u16(halves)), vshll_high_n_u16::<16>(halves)]) {
+            for (v, bits) in pair.iter_mut().zip([
+                vshll_n_u16::<16>(vget_low_u16(halves)),
+                vshll_high_n_u16::<16>(halves),
+            ]) {
                 // Like `half::bf16::to_f32`, NaNs come out quiet.
-                let nan = vcgtq_u32(vandq_u32(bits, vdupq_n_u32(0x7FFF_FFFF)), vdupq_n_u32(0x7F80_0000));
-                *v = vreinterpretq_f32_u32(vorrq_u32(bits, vandq_u32(nan, vdupq_n_u32(0x0040_0000))));
+                let nan = vcgtq_u32(
+                    vandq_u32(bits, vdupq_n_u32(0x7FFF_FFFF)),
+                    vdupq_n_u32(0x7F80_0000),
+                );
+                *v = vreinterpretq_f32_u32(vorrq_u32(
+                    bits,
+                    vandq_u32(nan, vdupq_n_u32(0x0040_0000)),
+                ));
             }
         }
         w
@@ -326,7 +344,10 @@ impl Decode for Q5_1 {
         // d * q + m, q = nibble | fifth bit << 4
         let qh = (block.add(4) as *const u32).read_unaligned();
         let (lo, hi) = nibbles(block.add(8));
-        let mut w = widen32(vorrq_u8(lo, fifth_bits(qh & 0xFFFF)), vorrq_u8(hi, fifth_bits(qh >> 16)));
+        let mut w = widen32(
+            vorrq_u8(lo, fifth_bits(qh & 0xFFFF)),
+            vorrq_u8(hi, fifth_bits(qh >> 16)),
+        );
         mul_add(&mut w, f16_at(block), f16_at(block.add(2)));
         w
     }
@@ -390,7 +411,10 @@ impl Decode for Q3_K {
 unsafe fn k4_scales(block: *const u8, g: usize) -> (f32, f32) {
     let (scales, mins) = k4_scales_mins(&*(block.add(4) as *const [u8; 12]));
     let (scale, min) = ((scales >> (8 * g)) as u8, (mins >> (8 * g)) as u8);
-    (f16_at(block) * scale as f32, f16_at(block.add(2)) * min as f32)
+    (
+        f16_at(block) * scale as f32,
+        f16_at(block.add(2)) * min as f32,
+    )
 }
 
 impl Decode for Q4_K {
@@ -460,9 +484,18 @@ unsafe fn pack(rows: *const f32, row_stride: usize, depth: usize, packed: *mut f
             let (t2, t3) = (vtrn1q_f32(r2, r3), vtrn2q_f32(r2, r3));
             let pairs = |a: V, b: V, high: bool| {
                 let (a, b) = (vreinterpretq_f64_f32(a), vreinterpretq_f64_f32(b));
-                vreinterpretq_f32_f64(if high { vtrn2q_f64(a, b) } else { vtrn1q_f64(a, b) })
+                vreinterpretq_f32_f64(if high {
+                    vtrn2q_f64(a, b)
+                } else {
+                    vtrn1q_f64(a, b)
+                })
             };
-            let columns = [pairs(t0, t2, false), pairs(t1, t3, false), pairs(t0, t2, true), pairs(t1, t3, true)];
+            let columns = [
+                pairs(t0, t2, false),
+                pairs(t1, t3, false),
+                pairs(t0, t2, true),
+                pairs(t1, t3, true),
+            ];
             for (c, v) in columns.iter().enumerate() {
                 vst1q_f32(packed.add((4 * kb + c) * 16 + 4 * quarter), *v);
             }
@@ -491,7 +524,12 @@ unsafe fn tile<const T: usize>(
     }
     for k in 0..depth {
         let p = panel.add(16 * k);
-        let a = [vld1q_f32(p), vld1q_f32(p.add(4)), vld1q_f32(p.add(8)), vld1q_f32(p.add(12))];
+        let a = [
+            vld1q_f32(p),
+            vld1q_f32(p.add(4)),
+            vld1q_f32(p.add(8)),
+            vld1q_f32(p.add(12)),
+        ];
         for (t, acc) in acc.iter_mut().enumerate() {
             let b = vdupq_n_f32(*x.add(t * x_stride + k));
             for (v, a) in acc.iter_mut().zip(a) {

@@ -11,7 +11,12 @@ use core::arch::wasm32::*;
 pub(super) static KERNELS: Kernels = Kernels {
     dot,
     dequant,
-    gemm: Gemm { panel_rows: 8, depth_block: 256, tiles: &[tile::<1>, tile::<2>, tile::<3>, tile::<4>], pack },
+    gemm: Gemm {
+        panel_rows: 8,
+        depth_block: 256,
+        tiles: &[tile::<1>, tile::<2>, tile::<3>, tile::<4>],
+        pack,
+    },
 };
 
 unsafe fn dot(ty: TensorType, row: &[u8], x: &[f32]) -> f32 {
@@ -70,7 +75,10 @@ unsafe fn mul_add_acc(acc: &mut [v128; 8], w: [v128; 8], x: *const f32) {
 }
 
 fn sum_lanes(v: v128) -> f32 {
-    f32x4_extract_lane::<0>(v) + f32x4_extract_lane::<1>(v) + f32x4_extract_lane::<2>(v) + f32x4_extract_lane::<3>(v)
+    f32x4_extract_lane::<0>(v)
+        + f32x4_extract_lane::<1>(v)
+        + f32x4_extract_lane::<2>(v)
+        + f32x4_extract_lane::<3>(v)
 }
 
 /// Fused dot over whole units: `x.len()` must be a multiple of `32 * D::GROUPS` and `row` hold
@@ -91,7 +99,10 @@ unsafe fn dot_blocks<D: Decode>(row: &[u8], x: &[f32]) -> f32 {
         groups!(0, 1, 2, 3, 4, 5, 6, 7);
     }
     let quad = |i: usize| f32x4_add(acc[i], acc[i + 4]);
-    sum_lanes(f32x4_add(f32x4_add(quad(0), quad(1)), f32x4_add(quad(2), quad(3))))
+    sum_lanes(f32x4_add(
+        f32x4_add(quad(0), quad(1)),
+        f32x4_add(quad(2), quad(3)),
+    ))
 }
 
 unsafe fn dequant_blocks<D: Decode>(src: &[u8], dst: &mut [f32]) {
@@ -115,7 +126,8 @@ unsafe fn dequant_blocks<D: Decode>(src: &[u8], dst: &mut [f32]) {
 unsafe fn dot_floats<D: Decode>(ty: TensorType, row: &[u8], x: &[f32]) -> f32 {
     let body = x.len() / 32 * 32;
     let body_bytes = body * ty.block_bytes();
-    dot_blocks::<D>(&row[..body_bytes], &x[..body]) + scalar::dot(ty, &row[body_bytes..], &x[body..])
+    dot_blocks::<D>(&row[..body_bytes], &x[..body])
+        + scalar::dot(ty, &row[body_bytes..], &x[body..])
 }
 
 unsafe fn dequant_floats<D: Decode>(ty: TensorType, src: &[u8], dst: &mut [f32]) {
@@ -142,7 +154,10 @@ fn f32_dot(w: &[f32], x: &[f32]) -> f32 {
     }
     let quad = |i: usize| f32x4_add(acc[i], acc[i + 4]);
     let tail: f32 = w[body..].iter().zip(&x[body..]).map(|(w, x)| w * x).sum();
-    sum_lanes(f32x4_add(f32x4_add(quad(0), quad(1)), f32x4_add(quad(2), quad(3)))) + tail
+    sum_lanes(f32x4_add(
+        f32x4_add(quad(0), quad(1)),
+        f32x4_add(quad(2), quad(3)),
+    )) + tail
 }
 
 unsafe fn f16_at(p: *const u8) -> f32 {
@@ -173,7 +188,10 @@ fn widen32(a: v128, b: v128) -> [v128; 8] {
 
 /// Byte i = 0x10 where bit i of the 16-bit `bits` is set, else 0.
 fn fifth_bits(bits: u32) -> v128 {
-    let spread = i8x16_swizzle(u32x4_splat(bits), i8x16(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+    let spread = i8x16_swizzle(
+        u32x4_splat(bits),
+        i8x16(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+    );
     let bit = u8x16(1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128);
     v128_and(i8x16_eq(v128_and(spread, bit), bit), u8x16_splat(0x10))
 }
@@ -245,10 +263,16 @@ impl Decode for BF16 {
         let mut w = [f32x4_splat(0.0); 8];
         for (i, pair) in w.chunks_exact_mut(2).enumerate() {
             let halves = load(unit.add(16 * i));
-            for (v, bits) in pair.iter_mut().zip([u32x4_extend_low_u16x8(halves), u32x4_extend_high_u16x8(halves)]) {
+            for (v, bits) in pair.iter_mut().zip([
+                u32x4_extend_low_u16x8(halves),
+                u32x4_extend_high_u16x8(halves),
+            ]) {
                 let bits = i32x4_shl(bits, 16);
                 // Like `half::bf16::to_f32`, NaNs come out quiet.
-                let nan = i32x4_gt(v128_and(bits, i32x4_splat(0x7FFF_FFFF)), i32x4_splat(0x7F80_0000));
+                let nan = i32x4_gt(
+                    v128_and(bits, i32x4_splat(0x7FFF_FFFF)),
+                    i32x4_splat(0x7F80_0000),
+                );
                 *v = v128_or(bits, v128_and(nan, i32x4_splat(0x0040_0000)));
             }
         }
@@ -310,7 +334,10 @@ impl Decode for Q5_1 {
         // d * q + m, q = nibble | fifth bit << 4
         let qh = (block.add(4) as *const u32).read_unaligned();
         let (lo, hi) = nibbles(block.add(8));
-        let mut w = widen32(v128_or(lo, fifth_bits(qh & 0xFFFF)), v128_or(hi, fifth_bits(qh >> 16)));
+        let mut w = widen32(
+            v128_or(lo, fifth_bits(qh & 0xFFFF)),
+            v128_or(hi, fifth_bits(qh >> 16)),
+        );
         mul_add(&mut w, f16_at(block), f16_at(block.add(2)));
         w
     }
@@ -355,7 +382,10 @@ impl Decode for Q3_K {
         let packed = &*(block.add(96) as *const [u8; 12]);
         let qs = block.add(32 + 32 * (G / 4));
         let q = |i: usize| {
-            let low = v128_and(u8x16_shr(load(qs.add(16 * i)), 2 * (G % 4) as u32), u8x16_splat(3));
+            let low = v128_and(
+                u8x16_shr(load(qs.add(16 * i)), 2 * (G % 4) as u32),
+                u8x16_splat(3),
+            );
             let third = v128_and(u8x16_shr(load(block.add(16 * i)), G as u32), u8x16_splat(1));
             i8x16_sub(v128_or(low, i8x16_shl(third, 2)), u8x16_splat(4))
         };
@@ -374,7 +404,10 @@ impl Decode for Q3_K {
 unsafe fn k4_scales(block: *const u8, g: usize) -> (f32, f32) {
     let (scales, mins) = k4_scales_mins(&*(block.add(4) as *const [u8; 12]));
     let (scale, min) = ((scales >> (8 * g)) as u8, (mins >> (8 * g)) as u8);
-    (f16_at(block) * scale as f32, f16_at(block.add(2)) * min as f32)
+    (
+        f16_at(block) * scale as f32,
+        f16_at(block.add(2)) * min as f32,
+    )
 }
 
 impl Decode for Q4_K {
@@ -398,8 +431,14 @@ impl Decode for Q5_K {
         // Nibble G % 2 of qs[32(G/2)..], fifth bit G of qh[l]; (d * scale) * q - (dmin * min).
         let qs = block.add(48 + 32 * (G / 2));
         let q = |i: usize| {
-            let low = v128_and(u8x16_shr(load(qs.add(16 * i)), 4 * (G % 2) as u32), u8x16_splat(0x0F));
-            let fifth = v128_and(u8x16_shr(load(block.add(16 + 16 * i)), G as u32), u8x16_splat(1));
+            let low = v128_and(
+                u8x16_shr(load(qs.add(16 * i)), 4 * (G % 2) as u32),
+                u8x16_splat(0x0F),
+            );
+            let fifth = v128_and(
+                u8x16_shr(load(block.add(16 + 16 * i)), G as u32),
+                u8x16_splat(1),
+            );
             v128_or(low, i8x16_shl(fifth, 4))
         };
         let mut w = widen32(q(0), q(1));
@@ -438,10 +477,17 @@ unsafe fn pack(rows: *const f32, row_stride: usize, depth: usize, packed: *mut f
     let squares = depth / 4;
     for kb in 0..squares {
         for half in 0..2 {
-            let row = |i: usize| v128_load(rows.add((4 * half + i) * row_stride + 4 * kb) as *const v128);
+            let row =
+                |i: usize| v128_load(rows.add((4 * half + i) * row_stride + 4 * kb) as *const v128);
             let (r0, r1, r2, r3) = (row(0), row(1), row(2), row(3));
-            let (t0, t1) = (i32x4_shuffle::<0, 4, 1, 5>(r0, r1), i32x4_shuffle::<2, 6, 3, 7>(r0, r1));
-            let (t2, t3) = (i32x4_shuffle::<0, 4, 1, 5>(r2, r3), i32x4_shuffle::<2, 6, 3, 7>(r2, r3));
+            let (t0, t1) = (
+                i32x4_shuffle::<0, 4, 1, 5>(r0, r1),
+                i32x4_shuffle::<2, 6, 3, 7>(r0, r1),
+            );
+            let (t2, t3) = (
+                i32x4_shuffle::<0, 4, 1, 5>(r2, r3),
+                i32x4_shuffle::<2, 6, 3, 7>(r2, r3),
+            );
             let columns = [
                 i32x4_shuffle::<0, 1, 4, 5>(t0, t2),
                 i32x4_shuffle::<2, 3, 6, 7>(t0, t2),
@@ -470,7 +516,10 @@ unsafe fn tile<const T: usize>(
     if accumulate {
         for (t, acc) in acc.iter_mut().enumerate() {
             let y = y.add(t * y_stride);
-            *acc = [v128_load(y as *const v128), v128_load(y.add(4) as *const v128)];
+            *acc = [
+                v128_load(y as *const v128),
+                v128_load(y.add(4) as *const v128),
+            ];
         }
     }
     for k in 0..depth {

@@ -7,7 +7,7 @@ mod weights;
 pub use weights::{LayerWeights, Matrix, Weights};
 
 use crate::config::{Architecture, ModelConfig};
-use crate::error::{LeanError, Result};
+use crate::error::Result;
 use lean_gguf::Gguf;
 
 /// The bytes of a GGUF file: memory-mapped natively, an owned buffer on wasm (or when asked).
@@ -30,7 +30,7 @@ impl ModelBytes {
     /// so peak memory stays close to the file size.
     #[cfg(feature = "mmap")]
     pub fn map_file(path: &std::path::Path) -> Result<Self> {
-        let io = |source| LeanError::Io { path: path.display().to_string(), source };
+        let io = |source| crate::error::LeanError::Io { path: path.display().to_string(), source };
         let file = std::fs::File::open(path).map_err(io)?;
         // SAFETY: the map is read-only; lean never writes through it. A file truncated by another
         // process while mapped would fault, as with any mmap-based loader.
