@@ -139,9 +139,9 @@ impl Engine {
     }
 
     /// Teacher-forced logits for every position of `ids` (from a fresh context).
-    pub fn logits_all(&mut self, ids: &[u32], mut on_logits: impl FnMut(usize, &[f32])) -> Result<()> {
+    pub fn logits_all(&mut self, ids: &[u32], on_logits: impl FnMut(usize, &[f32]) + Send) -> Result<()> {
         self.session.truncate(0);
-        self.session.forward(&self.model, ids, Logits::All, &mut on_logits)
+        self.session.forward(&self.model, ids, Logits::All, on_logits)
     }
 
     /// Generates from `prompt`, calling `on_token` for every token; return `false` from it to stop.

@@ -11,20 +11,23 @@ use ops::RopeTable;
 /// Tokens per prefill batch: bounds the scratch memory while keeping the matmuls large.
 pub const PREFILL_CHUNK: usize = 256;
 
-/// Keys and values of every layer for `capacity` positions.
+/// Keys and values of every layer for `capacity` positions, laid out for the attention kernels:
+/// keys as `[layer][kv_head][position][head_dim]` (one contiguous matrix of key rows per head),
+/// values transposed as `[layer][kv_head][head_dim][position]` (one contiguous row per dimension),
+/// so both products of attention are plain f32 matrix kernels.
 pub struct KvCache {
     capacity: usize,
-    kv_dim: usize,
-    /// [layer][position][kv_dim]
+    n_kv_heads: usize,
+    head_dim: usize,
     k: Vec<f32>,
     v: Vec<f32>,
 }
 
 impl KvCache {
-    pub fn new(n_layers: usize, capacity: usize, kv_dim: usize) -> Self {
+    pub fn new(n_layers: usize, capacity: usize, n_kv_heads: usize, head_dim: usize) -> Self {
         // vec![0.0; n] is a zeroed allocation: pages are committed as positions fill.
-        let n = n_layers * capacity * kv_dim;
-        KvCache { capacity, kv_dim, k: vec![0.0; n], v: vec![0.0; n] }
+        let n = n_layers * n_kv_heads * capacity * head_dim;
+        KvCache { capacity, n_kv_heads, head_dim, k: vec![0.0; n], v: vec![0.0; n] }
     }
 
     pub fn capacity(&self) -> usize {
@@ -35,16 +38,32 @@ impl KvCache {
         (self.k.len() + self.v.len()) * 4
     }
 
-    fn layer(&self, l: usize) -> (&[f32], &[f32]) {
-        let s = l * self.capacity * self.kv_dim;
-        let e = s + self.capacity * self.kv_dim;
-        (&self.k[s..e], &self.v[s..e])
+    fn head_len(&self) -> usize {
+        self.capacity * self.head_dim
     }
 
-    fn store(&mut self, l: usize, pos: usize, k: &[f32], v: &[f32]) {
-        let s = (l * self.capacity + pos) * self.kv_dim;
-        self.k[s..s + k.len()].copy_from_slice(k);
-        self.v[s..s + v.len()].copy_from_slice(v);
+    /// Keys of one head: `capacity` rows of `head_dim`.
+    fn keys(&self, layer: usize, kv_head: usize) -> &[f32] {
+        let s = (layer * self.n_kv_heads + kv_head) * self.head_len();
+        &self.k[s..s + self.head_len()]
+    }
+
+    /// Values of one head, transposed: `head_dim` rows of `capacity`.
+    fn values_t(&self, layer: usize, kv_head: usize) -> &[f32] {
+        let s = (layer * self.n_kv_heads + kv_head) * self.head_len();
+        &self.v[s..s + self.head_len()]
+    }
+
+    /// Stores one token's keys and values (`n_kv_heads × head_dim` each) at `pos`.
+    fn store(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
+        let hd = self.head_dim;
+        for g in 0..self.n_kv_heads {
+            let base = (layer * self.n_kv_heads + g) * self.head_len();
+            self.k[base + pos * hd..base + (pos + 1) * hd].copy_from_slice(&k[g * hd..(g + 1) * hd]);
+            for d in 0..hd {
+                self.v[base + d * self.capacity + pos] = v[g * hd + d];
+            }
+        }
     }
 }
 
@@ -62,6 +81,7 @@ struct Scratch {
     up: Vec<f32>,
     act: Vec<f32>,
     last: Vec<f32>,
+    attention: AttentionScratch,
 }
 
 fn fit(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
@@ -90,7 +110,7 @@ impl CpuSession {
     pub fn new(model: &Model, context_length: usize) -> Self {
         let c = &model.config;
         CpuSession {
-            kv: KvCache::new(c.n_layers, context_length, c.kv_dim()),
+            kv: KvCache::new(c.n_layers, context_length, c.n_kv_heads, c.head_dim),
             rope: RopeTable::new(c, context_length),
             pos: 0,
             scratch: Scratch::default(),
@@ -117,7 +137,16 @@ impl CpuSession {
 
     /// Runs `tokens` through the model after the cached positions. Calls `on_logits(i, logits)`
     /// for the last token (or every token with `Logits::All`), i = index in `tokens`.
-    pub fn forward(&mut self, model: &Model, tokens: &[u32], want: Logits, mut on_logits: impl FnMut(usize, &[f32])) -> Result<()> {
+    pub fn forward(&mut self, model: &Model, tokens: &[u32], want: Logits, on_logits: impl FnMut(usize, &[f32]) + Send) -> Result<()> {
+        // The whole pass runs on a pool thread: the caller's thread would otherwise compete for
+        // the cores with the pool's spinning workers between parallel kernels.
+        #[cfg(feature = "threads")]
+        return rayon::scope(|_| self.forward_on_this_thread(model, tokens, want, on_logits));
+        #[cfg(not(feature = "threads"))]
+        return self.forward_on_this_thread(model, tokens, want, on_logits);
+    }
+
+    fn forward_on_this_thread(&mut self, model: &Model, tokens: &[u32], want: Logits, mut on_logits: impl FnMut(usize, &[f32])) -> Result<()> {
         let vocab = model.config.vocab_size;
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(LeanError::InvalidArgument(format!("token id {bad} is outside the vocabulary ({vocab})")));
@@ -169,7 +198,7 @@ impl CpuSession {
                 self.kv.store(l, pos0 + t, &k[t * kvd..(t + 1) * kvd], &v[t * kvd..(t + 1) * kvd]);
             }
             let attn = fit(&mut s.attn, n * qd);
-            attention(c, self.kv.layer(l), q, pos0, attn);
+            attention(c, &self.kv, l, q, pos0, n, attn, &mut s.attention);
             let o = fit(&mut s.o, n * e);
             linear(model, &lw.wo, attn, n, o);
             ops::add_in_place(&mut s.x, o);
@@ -216,29 +245,70 @@ fn linear(model: &Model, m: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
     }
 }
 
-/// Causal multi-head attention (grouped-query): token t of the batch sits at position pos0 + t and
-/// sees positions 0..=pos0+t. Parallel over (token, head).
-fn attention(c: &crate::config::ModelConfig, (kc, vc): (&[f32], &[f32]), q: &[f32], pos0: usize, out: &mut [f32]) {
-    let hd = c.head_dim;
+#[derive(Default)]
+struct AttentionScratch {
+    q: Vec<f32>,
+    scores: Vec<f32>,
+    values_t: Vec<f32>,
+    out: Vec<f32>,
+}
+
+fn f32_bytes(x: &[f32]) -> &[u8] {
+    // SAFETY: any f32 bit pattern is valid bytes; the length covers exactly the same memory.
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), std::mem::size_of_val(x)) }
+}
+
+/// Causal grouped-query attention for a batch of `n` tokens at positions pos0.. (token t sees
+/// positions 0..=pos0+t), as HF computes it: softmax(q·kᵀ · head_dim^-½) · v.
+///
+/// Per kv head, the queries of all the heads that share it (and all tokens) form one matrix, so
+/// q·kᵀ and p·v run on lean-quant's f32 kernels (SIMD, threaded).
+#[allow(clippy::too_many_arguments)]
+fn attention(c: &crate::config::ModelConfig, kv: &KvCache, layer: usize, q: &[f32], pos0: usize, n: usize, out: &mut [f32], s: &mut AttentionScratch) {
+    let (hd, qd) = (c.head_dim, c.q_dim());
     let group = c.n_heads / c.n_kv_heads;
-    let kvd = c.kv_dim();
+    let len = pos0 + n;
+    let rows = group * n; // query rows per kv head: (head in group, token)
     let scale = 1.0 / (hd as f32).sqrt();
-    let one = |idx: usize, out: &mut [f32], scores: &mut Vec<f32>| {
-        let (t, h) = (idx / c.n_heads, idx % c.n_heads);
-        let kv_off = (h / group) * hd;
-        let qh = &q[t * c.q_dim() + h * hd..][..hd];
-        ops::attend(qh, &kc[kv_off..], &vc[kv_off..], kvd, pos0 + t + 1, scale, scores, out);
-    };
-    #[cfg(feature = "threads")]
-    {
-        use rayon::prelude::*;
-        out.par_chunks_mut(hd).enumerate().for_each_init(Vec::new, |scores, (i, o)| one(i, o, scores));
-    }
-    #[cfg(not(feature = "threads"))]
-    {
-        let mut scores = Vec::new();
-        for (i, o) in out.chunks_mut(hd).enumerate() {
-            one(i, o, &mut scores);
+    let f32t = lean_gguf::TensorType::F32;
+    for g in 0..c.n_kv_heads {
+        let qg = fit(&mut s.q, rows * hd);
+        for j in 0..group {
+            let h = g * group + j;
+            for t in 0..n {
+                qg[(j * n + t) * hd..][..hd].copy_from_slice(&q[t * qd + h * hd..][..hd]);
+            }
+        }
+        // scores = q · kᵀ over the first `len` key rows
+        let keys = &kv.keys(layer, g)[..len * hd];
+        let scores = fit(&mut s.scores, rows * len);
+        if rows == 1 {
+            lean_quant::matvec(f32t, f32_bytes(keys), len, hd, qg, scores);
+        } else {
+            lean_quant::matmul(f32t, f32_bytes(keys), len, hd, qg, rows, scores);
+        }
+        for (r, row) in scores.chunks_exact_mut(len).enumerate() {
+            let visible = pos0 + r % n + 1;
+            ops::softmax_scaled(&mut row[..visible], scale);
+            row[visible..].fill(0.0);
+        }
+        // out = p · v: the transposed value rows, cut to `len` positions
+        let vt_all = kv.values_t(layer, g);
+        let vt = fit(&mut s.values_t, hd * len);
+        for d in 0..hd {
+            vt[d * len..(d + 1) * len].copy_from_slice(&vt_all[d * kv.capacity..d * kv.capacity + len]);
+        }
+        let og = fit(&mut s.out, rows * hd);
+        if rows == 1 {
+            lean_quant::matvec(f32t, f32_bytes(vt), hd, len, scores, og);
+        } else {
+            lean_quant::matmul(f32t, f32_bytes(vt), hd, len, scores, rows, og);
+        }
+        for j in 0..group {
+            let h = g * group + j;
+            for t in 0..n {
+                out[t * qd + h * hd..][..hd].copy_from_slice(&og[(j * n + t) * hd..][..hd]);
+            }
         }
     }
 }

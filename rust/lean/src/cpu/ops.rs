@@ -103,47 +103,21 @@ impl RopeTable {
     }
 }
 
-/// Causal attention of one query head over `len` cached positions.
-/// `k`/`v` are the layer's cache rows (stride `kv_stride`), starting at this head's kv offset.
-pub fn attend(q: &[f32], k: &[f32], v: &[f32], kv_stride: usize, len: usize, scale: f32, scores: &mut Vec<f32>, out: &mut [f32]) {
-    let d = q.len();
-    scores.clear();
+/// In place: `softmax(x · scale)` (HF scales the scores, then softmax in float32).
+pub fn softmax_scaled(x: &mut [f32], scale: f32) {
     let mut max = f32::NEG_INFINITY;
-    for p in 0..len {
-        let kr = &k[p * kv_stride..p * kv_stride + d];
-        let s = dot(q, kr) * scale;
-        max = max.max(s);
-        scores.push(s);
+    for v in x.iter_mut() {
+        *v *= scale;
+        max = max.max(*v);
     }
     let mut sum = 0f32;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
     }
-    out.fill(0.0);
-    for (p, &s) in scores.iter().enumerate() {
-        let w = s / sum;
-        let vr = &v[p * kv_stride..p * kv_stride + d];
-        for (o, &vv) in out.iter_mut().zip(vr) {
-            *o += w * vv;
-        }
+    for v in x.iter_mut() {
+        *v /= sum;
     }
-}
-
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
-        for l in 0..8 {
-            acc[l] += a[c * 8 + l] * b[c * 8 + l];
-        }
-    }
-    let mut s: f32 = acc.iter().sum();
-    for i in chunks * 8..a.len() {
-        s += a[i] * b[i];
-    }
-    s
 }
 
 #[cfg(test)]
@@ -165,23 +139,10 @@ mod tests {
     }
 
     #[test]
-    fn attention_of_one_position_returns_its_value() {
-        let q = [0.3f32, -0.1];
-        let k = [1.0f32, 2.0];
-        let v = [5.0f32, -7.0];
-        let mut out = [0f32; 2];
-        attend(&q, &k, &v, 2, 1, 0.7, &mut Vec::new(), &mut out);
-        assert_eq!(out, [5.0, -7.0]);
-    }
-
-    #[test]
-    fn softmax_weights_follow_scores() {
-        // two positions with scores 0 and ln(3): weights 1/4 and 3/4
-        let q = [1.0f32];
-        let k = [0.0f32, 3f32.ln()];
-        let v = [4.0f32, 8.0];
-        let mut out = [0f32; 1];
-        attend(&q, &k, &v, 1, 2, 1.0, &mut Vec::new(), &mut out);
-        assert!((out[0] - 7.0).abs() < 1e-5, "{}", out[0]);
+    fn softmax_follows_scores() {
+        // scores 0 and ln(3)/2 scaled by 2: weights 1/4 and 3/4
+        let mut x = [0.0f32, 3f32.ln() / 2.0];
+        softmax_scaled(&mut x, 2.0);
+        assert!((x[0] - 0.25).abs() < 1e-6 && (x[1] - 0.75).abs() < 1e-6, "{x:?}");
     }
 }
