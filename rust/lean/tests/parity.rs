@@ -5,8 +5,9 @@ mod common;
 use lean::{ChatMessage, Engine, GenerateOptions, Model, Prompt, Tokenizer};
 use serde::Deserialize;
 
-/// Logits may differ from the reference by float32 summation order only.
-const LOGIT_TOLERANCE: f32 = 2e-2;
+/// Logits may differ from the reference by float32 summation order only: measured worst
+/// 2.1e-4 (SmolLM2 Q4_0), 5e-5 (Qwen2.5); a 10× margin.
+const LOGIT_TOLERANCE: f32 = 2e-3;
 /// A reference step whose top-1 minus top-2 logit is below this is a near-tie: summation order
 /// alone can flip it. Failures there are reported as such.
 const NEAR_TIE: f32 = 1e-2;

@@ -184,9 +184,7 @@ impl CpuSession {
             let q = fit(&mut s.q, n * qd);
             let k = fit(&mut s.k, n * kvd);
             let v = fit(&mut s.v, n * kvd);
-            linear(model, &lw.wq, h, n, q);
-            linear(model, &lw.wk, h, n, k);
-            linear(model, &lw.wv, h, n, v);
+            linears(model, &mut [(&lw.wq, &mut *q), (&lw.wk, &mut *k), (&lw.wv, &mut *v)], h, n);
             for (b, y) in [(&lw.bq, &mut *q), (&lw.bk, &mut *k), (&lw.bv, &mut *v)] {
                 if let Some(b) = b {
                     ops::add_bias(y, b);
@@ -207,8 +205,7 @@ impl CpuSession {
             ops::rms_norm(&s.x, &lw.ffn_norm, c.rms_eps, h);
             let gate = fit(&mut s.gate, n * ff);
             let up = fit(&mut s.up, n * ff);
-            linear(model, &lw.w_gate, h, n, gate);
-            linear(model, &lw.w_up, h, n, up);
+            linears(model, &mut [(&lw.w_gate, &mut *gate), (&lw.w_up, &mut *up)], h, n);
             let act = fit(&mut s.act, n * ff);
             ops::silu_mul(gate, up, act);
             let o = fit(&mut s.o, n * e);
@@ -245,6 +242,36 @@ fn linear(model: &Model, m: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
     }
 }
 
+/// Several products of the same input (q/k/v, gate/up). For one token they run as one parallel
+/// region over all their rows: a decode step of a small model is short enough that every extra
+/// fork-join (waking the pool) shows.
+fn linears(model: &Model, outputs: &mut [(&Matrix, &mut [f32])], x: &[f32], n: usize) {
+    #[cfg(feature = "threads")]
+    if n == 1 && rayon::current_num_threads() > 1 {
+        use rayon::prelude::*;
+        let macs: usize = outputs.iter().map(|(m, _)| m.rows * m.cols).sum();
+        let task_macs = (macs / (rayon::current_num_threads() * 4)).max(1 << 16);
+        let mut tasks: Vec<(&Matrix, usize, &mut [f32])> = Vec::new();
+        for (m, y) in outputs.iter_mut() {
+            let chunk = (task_macs / m.cols).max(1);
+            for (i, ys) in y.chunks_mut(chunk).enumerate() {
+                tasks.push((*m, i * chunk, ys));
+            }
+        }
+        tasks.into_par_iter().for_each(|(m, first, ys)| {
+            let row_bytes = m.len / m.rows;
+            let data = &model.data(m)[first * row_bytes..(first + ys.len()) * row_bytes];
+            for (y, row) in ys.iter_mut().zip(data.chunks_exact(row_bytes)) {
+                *y = lean_quant::dot(m.ty, row, x);
+            }
+        });
+        return;
+    }
+    for (m, y) in outputs.iter_mut() {
+        linear(model, m, x, n, y);
+    }
+}
+
 #[derive(Default)]
 struct AttentionScratch {
     q: Vec<f32>,
@@ -271,6 +298,9 @@ fn attention(c: &crate::config::ModelConfig, kv: &KvCache, layer: usize, q: &[f3
     let rows = group * n; // query rows per kv head: (head in group, token)
     let scale = 1.0 / (hd as f32).sqrt();
     let f32t = lean_gguf::TensorType::F32;
+    if n == 1 {
+        return decode_attention(c, kv, layer, q, pos0, out);
+    }
     for g in 0..c.n_kv_heads {
         let qg = fit(&mut s.q, rows * hd);
         for j in 0..group {
@@ -282,11 +312,7 @@ fn attention(c: &crate::config::ModelConfig, kv: &KvCache, layer: usize, q: &[f3
         // scores = q · kᵀ over the first `len` key rows
         let keys = &kv.keys(layer, g)[..len * hd];
         let scores = fit(&mut s.scores, rows * len);
-        if rows == 1 {
-            lean_quant::matvec(f32t, f32_bytes(keys), len, hd, qg, scores);
-        } else {
-            lean_quant::matmul(f32t, f32_bytes(keys), len, hd, qg, rows, scores);
-        }
+        lean_quant::matmul(f32t, f32_bytes(keys), len, hd, qg, rows, scores);
         for (r, row) in scores.chunks_exact_mut(len).enumerate() {
             let visible = pos0 + r % n + 1;
             ops::softmax_scaled(&mut row[..visible], scale);
@@ -299,16 +325,46 @@ fn attention(c: &crate::config::ModelConfig, kv: &KvCache, layer: usize, q: &[f3
             vt[d * len..(d + 1) * len].copy_from_slice(&vt_all[d * kv.capacity..d * kv.capacity + len]);
         }
         let og = fit(&mut s.out, rows * hd);
-        if rows == 1 {
-            lean_quant::matvec(f32t, f32_bytes(vt), hd, len, scores, og);
-        } else {
-            lean_quant::matmul(f32t, f32_bytes(vt), hd, len, scores, rows, og);
-        }
+        lean_quant::matmul(f32t, f32_bytes(vt), hd, len, scores, rows, og);
         for j in 0..group {
             let h = g * group + j;
             for t in 0..n {
                 out[t * qd + h * hd..][..hd].copy_from_slice(&og[(j * n + t) * hd..][..hd]);
             }
+        }
+    }
+}
+
+/// Attention of one token (decode): every query head in parallel; scores are dots with the key
+/// rows, the output dots of the probabilities with the transposed value rows (no copies).
+fn decode_attention(c: &crate::config::ModelConfig, kv: &KvCache, layer: usize, q: &[f32], pos0: usize, out: &mut [f32]) {
+    let hd = c.head_dim;
+    let group = c.n_heads / c.n_kv_heads;
+    let len = pos0 + 1;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let f32t = lean_gguf::TensorType::F32;
+    let head = |h: usize, o: &mut [f32], scores: &mut Vec<f32>| {
+        let g = h / group;
+        let keys = kv.keys(layer, g);
+        let qh = &q[h * hd..(h + 1) * hd];
+        scores.clear();
+        scores.extend(keys[..len * hd].chunks_exact(hd).map(|k| lean_quant::dot(f32t, f32_bytes(k), qh)));
+        ops::softmax_scaled(scores, scale);
+        let vt = kv.values_t(layer, g);
+        for (d, od) in o.iter_mut().enumerate() {
+            *od = lean_quant::dot(f32t, f32_bytes(&vt[d * kv.capacity..d * kv.capacity + len]), scores);
+        }
+    };
+    #[cfg(feature = "threads")]
+    {
+        use rayon::prelude::*;
+        out[..c.q_dim()].par_chunks_mut(hd).enumerate().for_each_init(Vec::new, |scores, (h, o)| head(h, o, scores));
+    }
+    #[cfg(not(feature = "threads"))]
+    {
+        let mut scores = Vec::new();
+        for (h, o) in out[..c.q_dim()].chunks_mut(hd).enumerate() {
+            head(h, o, &mut scores);
         }
     }
 }

@@ -1,0 +1,203 @@
+//! The device: adapter selection, limits, buffers and non-blocking readback.
+use crate::error::{GpuError, Result};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use wgpu::util::DeviceExt;
+
+/// A wgpu device and queue with what the kernels need to know about them.
+pub struct GpuContext {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
+    limits: wgpu::Limits,
+    features: wgpu::Features,
+}
+
+/// Features used when present; kernels have fallbacks without them.
+const OPTIONAL_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16.union(wgpu::Features::SUBGROUP);
+
+impl GpuContext {
+    /// The high-performance adapter of every backend compiled in, with its full limits.
+    pub async fn new() -> Result<Self> {
+        Self::with_features(wgpu::Features::empty()).await
+    }
+
+    /// As `new`, failing with `MissingFeatures` unless the adapter has all of `required`.
+    pub async fn with_features(required: wgpu::Features) -> Result<Self> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let options = wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            ..Default::default()
+        };
+        let adapter = instance.request_adapter(&options).await.map_err(|e| GpuError::NoAdapter(e.to_string()))?;
+        Self::from_adapter(&adapter, required).await
+    }
+
+    /// Opens a device on `adapter` with the adapter's own limits (the defaults would cap buffer
+    /// bindings at 128 MiB, too small for an output matrix).
+    pub async fn from_adapter(adapter: &wgpu::Adapter, required: wgpu::Features) -> Result<Self> {
+        let available = adapter.features();
+        let missing = required - available;
+        if !missing.is_empty() {
+            return Err(GpuError::MissingFeatures(format!("{missing:?}")));
+        }
+        let features = required | (available & OPTIONAL_FEATURES);
+        let limits = adapter.limits();
+        let descriptor = wgpu::DeviceDescriptor {
+            label: Some("lean"),
+            required_features: features,
+            required_limits: limits.clone(),
+            ..Default::default()
+        };
+        let (device, queue) = adapter.request_device(&descriptor).await.map_err(|e| GpuError::RequestDevice(e.to_string()))?;
+        Ok(GpuContext { device, queue, info: adapter.get_info(), limits, features })
+    }
+
+    pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
+        &self.info
+    }
+
+    /// One line for logs: adapter name, backend, driver.
+    pub fn describe(&self) -> String {
+        let i = &self.info;
+        format!("{} ({:?}, {:?}, driver {} {})", i.name, i.backend, i.device_type, i.driver, i.driver_info)
+    }
+
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.limits
+    }
+
+    pub fn features(&self) -> wgpu::Features {
+        self.features
+    }
+
+    /// Largest byte size one storage binding (hence one weight part) may have.
+    pub fn max_binding_bytes(&self) -> u64 {
+        self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size)
+    }
+
+    /// A storage buffer holding `data`, padded with zero bytes to a multiple of 4 (WGSL reads
+    /// whole u32 words).
+    pub fn upload_bytes(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
+        let mut padded;
+        let contents = if data.len() % 4 == 0 && !data.is_empty() {
+            data
+        } else {
+            padded = data.to_vec();
+            padded.resize(data.len().next_multiple_of(4).max(4), 0);
+            &padded
+        };
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+        })
+    }
+
+    pub fn upload_f32(&self, label: &str, data: &[f32]) -> wgpu::Buffer {
+        self.upload_bytes(label, bytemuck::cast_slice(data))
+    }
+
+    /// A zeroed storage buffer of `len` f32 (at least one, as empty bindings are invalid).
+    pub fn storage_f32(&self, label: &str, len: usize) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: (len.max(1) * 4) as u64,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        })
+    }
+
+    pub(crate) fn uniform<T: bytemuck::Pod>(&self, label: &str, value: &T) -> wgpu::Buffer {
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytemuck::bytes_of(value),
+            usage: wgpu::BufferUsages::UNIFORM,
+        })
+    }
+
+    /// Copies the first `len` f32 of `buffer` to the host (after all submitted work).
+    pub fn read_f32(&self, buffer: &wgpu::Buffer, len: usize) -> impl Future<Output = Result<Vec<f32>>> + '_ {
+        let bytes = self.read_bytes(buffer, len * 4);
+        async move { Ok(bytemuck::cast_slice(&bytes.await?).to_vec()) }
+    }
+
+    pub fn read_u32(&self, buffer: &wgpu::Buffer, len: usize) -> impl Future<Output = Result<Vec<u32>>> + '_ {
+        let bytes = self.read_bytes(buffer, len * 4);
+        async move { Ok(bytemuck::cast_slice(&bytes.await?).to_vec()) }
+    }
+
+    /// Copies `len` bytes (a multiple of 4) into a staging buffer and maps it. The copy and the
+    /// map request are issued now; the future never blocks: natively it polls the device without
+    /// waiting (an executor that wants to sleep meanwhile calls `device.poll(Wait)` itself), in a
+    /// browser the map callback comes from the event loop.
+    pub fn read_bytes(&self, buffer: &wgpu::Buffer, len: usize) -> impl Future<Output = Result<Vec<u8>>> + '_ {
+        let checked = if len % 4 != 0 || len as u64 > buffer.size() {
+            Err(GpuError::Readback(format!("cannot read {len} bytes from a buffer of {}", buffer.size())))
+        } else {
+            Ok(())
+        };
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: len.max(4) as u64,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let state = Arc::new(Mutex::new(MapState::default()));
+        if checked.is_ok() {
+            let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
+            encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, len as u64);
+            self.queue.submit([encoder.finish()]);
+            let callback_state = state.clone();
+            staging.map_async(wgpu::MapMode::Read, .., move |result| {
+                let mut s = callback_state.lock().unwrap_or_else(|e| e.into_inner());
+                s.result = Some(result.map_err(|e| e.to_string()));
+                if let Some(w) = s.waker.take() {
+                    w.wake();
+                }
+            });
+        }
+        async move {
+            checked?;
+            MapFuture { device: &self.device, state }.await.map_err(GpuError::Readback)?;
+            let bytes = staging.slice(..len as u64).get_mapped_range().to_vec();
+            staging.unmap();
+            Ok(bytes)
+        }
+    }
+}
+
+#[derive(Default)]
+struct MapState {
+    result: Option<std::result::Result<(), String>>,
+    waker: Option<Waker>,
+}
+
+struct MapFuture<'a> {
+    device: &'a wgpu::Device,
+    state: Arc<Mutex<MapState>>,
+}
+
+impl Future for MapFuture<'_> {
+    type Output = std::result::Result<(), String>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // Natively, callbacks only run inside device.poll; Poll never blocks.
+        if let Err(e) = self.device.poll(wgpu::PollType::Poll) {
+            return Poll::Ready(Err(e.to_string()));
+        }
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(result) = s.result.take() {
+            return Poll::Ready(result);
+        }
+        s.waker = Some(cx.waker().clone());
+        // Natively nothing else would wake us: ask to be polled again (a browser wakes us from
+        // the map callback instead).
+        if !cfg!(target_arch = "wasm32") {
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
+    }
+}

@@ -1,0 +1,15 @@
+//! lean's GPU backend: wgpu (Vulkan, Metal, DX12 natively; WebGPU in browsers) running
+//! hand-written WGSL kernels on weights kept packed as in the GGUF file.
+//!
+//! Nothing here blocks: readback is an async buffer map, so the same code runs in a browser.
+//! Only core WGSL is used (no shader-f16, no subgroups), so every adapter can run it.
+mod context;
+mod error;
+mod kernels;
+mod weights;
+
+pub use context::GpuContext;
+pub use error::{GpuError, Result};
+pub use kernels::{matvec_supports, rope_cos_sin, AttentionShape, Kernels, RopePairing, RopeShape};
+pub use weights::{GpuMatrix, WeightPart};
+pub use wgpu;

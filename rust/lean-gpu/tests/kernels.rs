@@ -1,0 +1,384 @@
+//! Every kernel against a CPU reference on random inputs of awkward sizes (rows not a multiple
+//! of the workgroup's, one-block rows, weights at unaligned byte offsets). Matvec results must
+//! lie within `TOLERANCE` of an f64 dot of lean-quant's scalar dequantization, relative to
+//! sum |w * x| (only the f32 summation order may differ, so one wrong weight shows).
+//!
+//! Needs a wgpu adapter (natively: Vulkan, e.g. lavapipe from mesa-vulkan-drivers). Without one
+//! the tests print a skip message, or fail when env CI is set.
+
+use half::f16;
+use lean_gpu::wgpu;
+use lean_gpu::{rope_cos_sin, AttentionShape, GpuContext, GpuError, GpuMatrix, Kernels, RopePairing, RopeShape};
+use lean_quant::{scalar, TensorType};
+use std::sync::OnceLock;
+
+const TOLERANCE: f64 = 1e-5;
+
+/// splitmix64: deterministic test data.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    fn floats(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.unit() * scale).collect()
+    }
+}
+
+/// Byte offsets of the f16 scale fields inside one block of the types under test.
+fn f16_fields(ty: TensorType) -> &'static [usize] {
+    match ty {
+        TensorType::Q4_0 | TensorType::Q5_0 | TensorType::Q8_0 => &[0],
+        TensorType::Q4_1 | TensorType::Q4_K => &[0, 2],
+        TensorType::Q6_K => &[208],
+        _ => &[],
+    }
+}
+
+/// Random quant bits with finite scales (some negative, some tiny); F32 elements in [-4, 4).
+fn random_matrix(rng: &mut Rng, ty: TensorType, rows: usize, cols: usize) -> Vec<u8> {
+    let row_bytes = ty.row_bytes(cols).expect("whole blocks");
+    if ty == TensorType::F32 {
+        return rng.floats(rows * cols, 4.0).iter().flat_map(|v| v.to_le_bytes()).collect();
+    }
+    let mut w: Vec<u8> = (0..rows * row_bytes).map(|_| rng.next_u64() as u8).collect();
+    for block in w.chunks_exact_mut(ty.block_bytes()) {
+        for &at in f16_fields(ty) {
+            // one scale in 8 tiny (f16 subnormal range), the rest up to 0.1
+            let scale = if rng.next_u64() % 8 == 0 { 1e-6 } else { 0.1 };
+            block[at..at + 2].copy_from_slice(&f16::from_f32(rng.unit() * scale).to_le_bytes());
+        }
+    }
+    w
+}
+
+fn gpu() -> Option<&'static (GpuContext, Kernels)> {
+    static GPU: OnceLock<Option<(GpuContext, Kernels)>> = OnceLock::new();
+    GPU.get_or_init(|| match pollster::block_on(GpuContext::new()) {
+        Ok(ctx) => {
+            eprintln!("adapter: {}", ctx.describe());
+            let kernels = pollster::block_on(Kernels::new(&ctx)).expect("kernels compile");
+            Some((ctx, kernels))
+        }
+        Err(e) => {
+            assert!(std::env::var_os("CI").is_none(), "CI needs a GPU adapter: {e}");
+            eprintln!("skipping GPU tests: {e}");
+            None
+        }
+    })
+    .as_ref()
+}
+
+/// Records the commands of `f` into one submission.
+fn submit(ctx: &GpuContext, f: impl FnOnce(&mut wgpu::CommandEncoder) -> lean_gpu::Result<()>) {
+    let mut encoder = ctx.device.create_command_encoder(&Default::default());
+    f(&mut encoder).expect("dispatch accepted");
+    ctx.queue.submit([encoder.finish()]);
+}
+
+fn read_f32(ctx: &GpuContext, buffer: &wgpu::Buffer, len: usize) -> Vec<f32> {
+    let future = ctx.read_f32(buffer, len);
+    // Tests may block: wait for the copy so the future resolves on its first poll.
+    ctx.device.poll(wgpu::PollType::wait_indefinitely()).expect("device alive");
+    pollster::block_on(future).expect("readback")
+}
+
+/// f64 reference of W·x from the scalar dequantizer, with sum |w * x| per row.
+fn reference_matvec(ty: TensorType, w: &[u8], rows: usize, cols: usize, x: &[f32]) -> Vec<(f64, f64)> {
+    let row_bytes = ty.row_bytes(cols).unwrap();
+    let mut weights = vec![0f32; cols];
+    (0..rows)
+        .map(|r| {
+            scalar::dequantize(ty, &w[r * row_bytes..(r + 1) * row_bytes], &mut weights);
+            weights.iter().zip(x).fold((0.0, 0.0), |(s, a), (&wv, &xv)| {
+                let p = wv as f64 * xv as f64;
+                (s + p, a + p.abs())
+            })
+        })
+        .collect()
+}
+
+fn check_matvec(ty: TensorType, rows: usize, cols: usize, max_part_bytes: Option<u64>, seed: u64) {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut rng = Rng(seed);
+    let w = random_matrix(&mut rng, ty, rows, cols);
+    let x = rng.floats(cols, 1.0);
+    let m = match max_part_bytes {
+        Some(limit) => GpuMatrix::upload_split(ctx, ty, rows, cols, &w, limit),
+        None => GpuMatrix::upload(ctx, ty, rows, cols, &w),
+    }
+    .expect("upload");
+    if let Some(limit) = max_part_bytes {
+        assert!(m.parts().len() > 1, "{ty}: a limit of {limit} bytes should split {rows} rows");
+        assert!(m.parts().iter().all(|p| p.buffer.size() <= limit), "{ty}: a part exceeds {limit} bytes");
+    }
+    let xb = ctx.upload_f32("x", &x);
+    let yb = ctx.storage_f32("y", rows);
+    submit(ctx, |e| kernels.matvec(ctx, e, &m, &xb, &yb));
+    let y = read_f32(ctx, &yb, rows);
+    for (r, (&got, &(want, abs))) in y.iter().zip(&reference_matvec(ty, &w, rows, cols, &x)).enumerate() {
+        let err = (got as f64 - want).abs();
+        assert!(err <= TOLERANCE * abs + 1e-30, "{ty} {rows}x{cols} row {r}: {got} vs {want} (sum |wx| {abs})");
+    }
+}
+
+const QUANT_TYPES: [TensorType; 6] =
+    [TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q6_K];
+
+#[test]
+fn matvec_one_block_rows() {
+    for (i, ty) in QUANT_TYPES.into_iter().enumerate() {
+        // a single row, then rows of one block whose byte offsets are odd multiples of 2
+        check_matvec(ty, 1, ty.block_len(), None, 10 + i as u64);
+        check_matvec(ty, 13, ty.block_len(), None, 20 + i as u64);
+    }
+}
+
+#[test]
+fn matvec_awkward_shapes() {
+    for (i, ty) in QUANT_TYPES.into_iter().enumerate() {
+        // rows not a multiple of 8 rows per workgroup; more items than the 32 threads of a row
+        check_matvec(ty, 61, ty.block_len() * 3, None, 30 + i as u64);
+        check_matvec(ty, 259, ty.block_len() * 11, None, 40 + i as u64);
+    }
+}
+
+#[test]
+fn matvec_f32() {
+    check_matvec(TensorType::F32, 1, 1, None, 50);
+    check_matvec(TensorType::F32, 37, 77, None, 51);
+    check_matvec(TensorType::F32, 130, 576, None, 52);
+}
+
+#[test]
+fn matvec_split_across_bindings() {
+    for (i, ty) in QUANT_TYPES.into_iter().chain([TensorType::F32]).enumerate() {
+        let cols = ty.block_len() * 2;
+        // parts of 5 rows (row sizes not multiples of 4 leave padded parts)
+        let limit = (ty.row_bytes(cols).unwrap() * 5 + 3) as u64;
+        check_matvec(ty, 23, cols, Some(limit), 60 + i as u64);
+    }
+}
+
+#[test]
+fn matvec_rejects_bad_input_without_panicking() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let ty = TensorType::Q4_0;
+    let w = vec![0u8; 18 * 4];
+    assert!(matches!(GpuMatrix::upload(ctx, ty, 4, 33, &w), Err(GpuError::Shape(_))), "partial block");
+    assert!(matches!(GpuMatrix::upload(ctx, ty, 5, 32, &w), Err(GpuError::Shape(_))), "short data");
+    assert!(matches!(GpuMatrix::upload_split(ctx, ty, 4, 32, &w, 16), Err(GpuError::TooLarge(_))), "row over limit");
+    let m = GpuMatrix::upload(ctx, ty, 4, 32, &w).unwrap();
+    let mut encoder = ctx.device.create_command_encoder(&Default::default());
+    let short = ctx.storage_f32("x", 31);
+    let y = ctx.storage_f32("y", 4);
+    assert!(matches!(kernels.matvec(ctx, &mut encoder, &m, &short, &y), Err(GpuError::Shape(_))));
+    let q2k = GpuMatrix::upload(ctx, TensorType::Q2_K, 1, 256, &[0u8; 84]).unwrap();
+    let x = ctx.storage_f32("x", 256);
+    assert_eq!(kernels.matvec(ctx, &mut encoder, &q2k, &x, &y).err(), Some(GpuError::UnsupportedType(TensorType::Q2_K)));
+}
+
+#[test]
+fn rms_norm_matches_hf() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut rng = Rng(70);
+    for (n, rows) in [(1, 1), (576, 3), (1000, 2)] {
+        let x = rng.floats(n * rows, 3.0);
+        let w = rng.floats(n, 2.0);
+        let (xb, wb, ob) = (ctx.upload_f32("x", &x), ctx.upload_f32("w", &w), ctx.storage_f32("out", n * rows));
+        submit(ctx, |e| kernels.rms_norm(ctx, e, &xb, &wb, &ob, n, rows, 1e-5));
+        let out = read_f32(ctx, &ob, n * rows);
+        for r in 0..rows {
+            let xr = &x[r * n..(r + 1) * n];
+            let ms = xr.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / n as f64;
+            let inv = 1.0 / (ms + 1e-5).sqrt();
+            for i in 0..n {
+                let want = w[i] as f64 * (xr[i] as f64 * inv);
+                let got = out[r * n + i] as f64;
+                assert!((got - want).abs() <= 1e-6 * want.abs().max(1e-3), "n {n} row {r} [{i}]: {got} vs {want}");
+            }
+        }
+    }
+}
+
+/// The CPU backend's rotation (lean's RopeTable::apply) on one token's heads.
+fn rope_reference(x: &mut [f32], table: &[[f32; 2]], s: RopeShape, token: usize) {
+    let half = s.rope_dim / 2;
+    let row = &table[(s.pos0 + token) * half..][..half];
+    for head in x.chunks_exact_mut(s.head_dim) {
+        for (i, &[cos, sin]) in row.iter().enumerate() {
+            let (a, b) = match s.pairing {
+                RopePairing::Interleaved => (2 * i, 2 * i + 1),
+                RopePairing::Neox => (i, i + half),
+            };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * cos + (-x1) * sin;
+            head[b] = x1 * cos + x0 * sin;
+        }
+    }
+}
+
+#[test]
+fn rope_matches_cpu_for_both_pairings() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut rng = Rng(80);
+    for pairing in [RopePairing::Interleaved, RopePairing::Neox] {
+        // full rotation; a partial one (rope_dim < head_dim) leaves the tail untouched
+        for (head_dim, rope_dim) in [(64, 64), (48, 32)] {
+            let s = RopeShape { n_tokens: 3, n_heads: 5, head_dim, rope_dim, pos0: 1000, pairing };
+            let table = rope_cos_sin(rope_dim, 10000.0, 1.0, s.pos0 + s.n_tokens);
+            let x = rng.floats(s.n_tokens * s.n_heads * head_dim, 2.0);
+            let xb = ctx.upload_f32("x", &x);
+            let tb = ctx.upload_f32("cos_sin", table.as_flattened());
+            submit(ctx, |e| kernels.rope(ctx, e, &xb, &tb, s));
+            let got = read_f32(ctx, &xb, x.len());
+            let mut want = x.clone();
+            for (t, row) in want.chunks_exact_mut(s.n_heads * head_dim).enumerate() {
+                rope_reference(row, &table, s, t);
+            }
+            for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                // one rounding of a two-term sum (a fused multiply-add may skip one)
+                assert!((g - w).abs() <= 1e-6 * 4.0, "{pairing:?} {head_dim}/{rope_dim} [{i}]: {g} vs {w}");
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_matches_softmax_reference() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut rng = Rng(90);
+    // one position; a GQA group of 3 over a second layer; more positions than threads
+    for (n_heads, n_kv_heads, head_dim, len, capacity, layers) in
+        [(2, 2, 64, 1, 8, 1), (6, 2, 64, 37, 40, 2), (4, 1, 32, 300, 301, 1)]
+    {
+        let layer_len = n_kv_heads * capacity * head_dim;
+        let cache_offset = (layers - 1) * layer_len;
+        let s = AttentionShape { n_heads, n_kv_heads, head_dim, len, capacity, cache_offset };
+        let q = rng.floats(n_heads * head_dim, 1.0);
+        let k = rng.floats(layers * layer_len, 1.0);
+        let v = rng.floats(layers * layer_len, 1.0);
+        let (qb, kb, vb) = (ctx.upload_f32("q", &q), ctx.upload_f32("k", &k), ctx.upload_f32("v", &v));
+        let scores = ctx.storage_f32("scores", n_heads * capacity);
+        let ob = ctx.storage_f32("out", n_heads * head_dim);
+        submit(ctx, |e| kernels.attention(ctx, e, &qb, &kb, &vb, &scores, &ob, s));
+        let got = read_f32(ctx, &ob, n_heads * head_dim);
+        let scale = 1.0 / (head_dim as f64).sqrt();
+        for h in 0..n_heads {
+            let base = cache_offset + h / (n_heads / n_kv_heads) * capacity * head_dim;
+            let qh = &q[h * head_dim..(h + 1) * head_dim];
+            let logits: Vec<f64> = (0..len)
+                .map(|t| (0..head_dim).map(|d| qh[d] as f64 * k[base + t * head_dim + d] as f64).sum::<f64>() * scale)
+                .collect();
+            let max = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let sum: f64 = logits.iter().map(|l| (l - max).exp()).sum();
+            for d in 0..head_dim {
+                let (mut want, mut abs) = (0.0, 0.0);
+                for (t, l) in logits.iter().enumerate() {
+                    let pv = (l - max).exp() / sum * v[base + t * head_dim + d] as f64;
+                    want += pv;
+                    abs += pv.abs();
+                }
+                let g = got[h * head_dim + d] as f64;
+                assert!((g - want).abs() <= 1e-5 * abs, "heads {n_heads}/{n_kv_heads} len {len} h {h} d {d}: {g} vs {want}");
+            }
+        }
+    }
+}
+
+#[test]
+fn silu_mul_matches_torch_formula() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut rng = Rng(100);
+    let n = 1001;
+    let gate = rng.floats(n, 12.0);
+    let up = rng.floats(n, 3.0);
+    let (gb, ub, ob) = (ctx.upload_f32("gate", &gate), ctx.upload_f32("up", &up), ctx.storage_f32("out", n));
+    submit(ctx, |e| kernels.silu_mul(ctx, e, &gb, &ub, &ob, n));
+    let got = read_f32(ctx, &ob, n);
+    for i in 0..n {
+        let g = gate[i] as f64;
+        let want = g / (1.0 + (-g).exp()) * up[i] as f64;
+        assert!((got[i] as f64 - want).abs() <= 1e-5 * want.abs().max(1e-6), "[{i}] g {g}: {} vs {want}", got[i]);
+    }
+}
+
+#[test]
+fn add_residual_and_bias_are_exact() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut rng = Rng(110);
+    for (n, y_len) in [(1000, 1000), (5 * 37, 37)] {
+        let x = rng.floats(n, 5.0);
+        let y = rng.floats(y_len, 5.0);
+        let (xb, yb) = (ctx.upload_f32("x", &x), ctx.upload_f32("y", &y));
+        submit(ctx, |e| kernels.add(ctx, e, &xb, &yb, n, y_len));
+        let got = read_f32(ctx, &xb, n);
+        let want: Vec<f32> = x.iter().enumerate().map(|(i, &v)| v + y[i % y_len]).collect();
+        assert_eq!(got, want, "n {n} y_len {y_len}");
+    }
+    let mut encoder = ctx.device.create_command_encoder(&Default::default());
+    let b = ctx.storage_f32("b", 10);
+    assert!(matches!(kernels.add(ctx, &mut encoder, &b, &b, 10, 3), Err(GpuError::Shape(_))));
+}
+
+#[test]
+fn argmax_takes_the_first_maximum() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut rng = Rng(120);
+    let result = ctx.storage_f32("argmax", 1);
+    let mut cases: Vec<(Vec<f32>, u32)> = vec![(vec![-3.0], 0), (vec![1.0, 7.0, 7.0], 1)];
+    let mut big = rng.floats(151_936, 30.0);
+    // ties in different threads' strides: the lower index wins
+    big[1234] = 99.0;
+    big[100_000] = 99.0;
+    cases.push((big, 1234));
+    let mut late = rng.floats(49_152, 30.0);
+    late[49_151] = 31.0;
+    cases.push((late, 49_151));
+    for (values, want) in cases {
+        let vb = ctx.upload_f32("values", &values);
+        submit(ctx, |e| kernels.argmax(ctx, e, &vb, &result, values.len()));
+        let future = ctx.read_u32(&result, 1);
+        ctx.device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+        assert_eq!(pollster::block_on(future).unwrap(), vec![want], "n {}", values.len());
+    }
+}
+
+#[test]
+fn shape_errors_are_typed() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut encoder = ctx.device.create_command_encoder(&Default::default());
+    let b = ctx.storage_f32("b", 4096);
+    let odd = RopeShape { n_tokens: 1, n_heads: 1, head_dim: 64, rope_dim: 63, pos0: 0, pairing: RopePairing::Neox };
+    assert!(matches!(kernels.rope(ctx, &mut encoder, &b, &b, odd), Err(GpuError::Shape(_))));
+    let past = AttentionShape { n_heads: 2, n_kv_heads: 1, head_dim: 8, len: 9, capacity: 8, cache_offset: 0 };
+    assert!(matches!(kernels.attention(ctx, &mut encoder, &b, &b, &b, &b, &b, past), Err(GpuError::Shape(_))));
+    let bad_group = AttentionShape { n_heads: 3, n_kv_heads: 2, head_dim: 8, len: 1, capacity: 8, cache_offset: 0 };
+    assert!(matches!(kernels.attention(ctx, &mut encoder, &b, &b, &b, &b, &b, bad_group), Err(GpuError::Shape(_))));
+    assert!(matches!(kernels.argmax(ctx, &mut encoder, &b, &b, 0), Err(GpuError::Shape(_))));
+    assert!(matches!(pollster::block_on(ctx.read_f32(&b, 4097)), Err(GpuError::Readback(_))));
+}
+
+#[test]
+fn missing_features_are_an_error() {
+    if gpu().is_none() {
+        return;
+    }
+    // no adapter has every feature wgpu knows
+    match pollster::block_on(GpuContext::with_features(wgpu::Features::all())) {
+        Err(GpuError::MissingFeatures(names)) => assert!(!names.is_empty()),
+        Err(e) => panic!("expected MissingFeatures, got {e}"),
+        Ok(_) => panic!("an adapter claims every feature"),
+    }
+}
