@@ -11,9 +11,13 @@ scripts/setup.sh
 scripts/fetch-test-models.sh "$LEAN_MODELS"
 
 echo "== cargo test (workspace)"
-cargo test --workspace --locked 2>&1
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace --locked 2>&1 | tee "$log"
 
 echo "== wasm32 (+simd128) check of the library crates"
 RUSTFLAGS='-C target-feature=+simd128 --cfg getrandom_backend="wasm_js"' \
   cargo check --locked --target wasm32-unknown-unknown -p lean-gguf -p lean-quant -p lean-tokenizer -p lean --no-default-features
-echo "== all tests passed"
+# One closing line over all the test binaries (cargo prints one per binary, the last often a
+# doc-test run with 0 tests).
+awk '/^test result:/ { p += $4; f += $6 } END { printf "rust: %d passed, %d failed\n", p, f }' "$log"

@@ -82,7 +82,7 @@ impl GpuContext {
     /// whole u32 words).
     pub fn upload_bytes(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
         let mut padded;
-        let contents = if data.len() % 4 == 0 && !data.is_empty() {
+        let contents = if data.len().is_multiple_of(4) && !data.is_empty() {
             data
         } else {
             padded = data.to_vec();
@@ -134,7 +134,7 @@ impl GpuContext {
     /// waiting (an executor that wants to sleep meanwhile calls `device.poll(Wait)` itself), in a
     /// browser the map callback comes from the event loop.
     pub fn read_bytes(&self, buffer: &wgpu::Buffer, len: usize) -> impl Future<Output = Result<Vec<u8>>> + '_ {
-        let checked = if len % 4 != 0 || len as u64 > buffer.size() {
+        let checked = if !len.is_multiple_of(4) || len as u64 > buffer.size() {
             Err(GpuError::Readback(format!("cannot read {len} bytes from a buffer of {}", buffer.size())))
         } else {
             Ok(())
@@ -146,7 +146,7 @@ impl GpuContext {
             mapped_at_creation: false,
         });
         let state = Arc::new(Mutex::new(MapState::default()));
-        if checked.is_ok() {
+        if checked.is_ok() && len > 0 {
             let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
             encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, len as u64);
             self.queue.submit([encoder.finish()]);
@@ -161,8 +161,11 @@ impl GpuContext {
         }
         async move {
             checked?;
+            if len == 0 {
+                return Ok(Vec::new());
+            }
             MapFuture { device: &self.device, state }.await.map_err(GpuError::Readback)?;
-            let bytes = staging.slice(..len as u64).get_mapped_range().to_vec();
+            let bytes = staging.slice(..len as u64).get_mapped_range().map_err(|e| GpuError::Readback(e.to_string()))?.to_vec();
             staging.unmap();
             Ok(bytes)
         }

@@ -1,11 +1,11 @@
 //! Compute pipelines of the WGSL kernels and functions that record one dispatch each into a
 //! command encoder. Sizes are checked here (wgpu would clamp out-of-bounds accesses silently).
 //!
-//! The matvec kernel is one shader per tensor type, assembled at pipeline creation as
-//! `bytes.wgsl + quant_<type>.wgsl + matvec.wgsl`: WGSL has no includes, and override constants
-//! cannot swap the block decoder, so the row/reduction skeleton is written once and each type
-//! contributes only its block layout (`part_dot`). The prefill matmul can reuse the same
-//! snippets.
+//! The matvec and matmul kernels are one shader per tensor type, assembled at pipeline creation
+//! as `bytes.wgsl + quant_<type>.wgsl + matvec.wgsl` (or `matmul.wgsl`): WGSL has no includes,
+//! and override constants cannot swap the block decoder, so each skeleton (rows, tiles,
+//! reductions) is written once and each type contributes only its block layout (`part_dot` for
+//! matvec, `weight_at` for matmul's tiles).
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
 use crate::weights::GpuMatrix;
@@ -13,12 +13,15 @@ use lean_gguf::TensorType;
 
 const BYTES: &str = include_str!("shaders/bytes.wgsl");
 const MATVEC: &str = include_str!("shaders/matvec.wgsl");
+const MATMUL: &str = include_str!("shaders/matmul.wgsl");
+/// Rows and tokens per matmul workgroup tile (matmul.wgsl: TILE).
+const MATMUL_TILE: usize = 32;
 /// Rows per matvec workgroup (matvec.wgsl: WORKGROUP / THREADS_PER_ROW).
 const MATVEC_ROWS_PER_GROUP: u32 = 8;
 /// Threads per workgroup of the element-wise kernels (rope, silu_mul, add).
 const ELEMENTWISE_GROUP: u32 = 64;
 
-/// The tensor types with a matvec kernel, and their block decoders.
+/// The tensor types with matvec and matmul kernels, and their block decoders.
 const MATVEC_TYPES: [(TensorType, &str); 7] = [
     (TensorType::F32, include_str!("shaders/quant_f32.wgsl")),
     (TensorType::Q4_0, include_str!("shaders/quant_q4_0.wgsl")),
@@ -29,7 +32,7 @@ const MATVEC_TYPES: [(TensorType, &str); 7] = [
     (TensorType::Q6_K, include_str!("shaders/quant_q6_k.wgsl")),
 ];
 
-/// Whether `matvec` supports weights of type `ty`.
+/// Whether `matvec` and `matmul` support weights of type `ty`.
 pub fn matvec_supports(ty: TensorType) -> bool {
     MATVEC_TYPES.iter().any(|(t, _)| *t == ty)
 }
@@ -43,6 +46,19 @@ struct MatvecParams {
     weight_offset: u32,
     first_row: u32,
     pad: [u32; 3],
+}
+
+#[repr(C)]
+#[derive(Copy, Clone, bytemuck::Pod, bytemuck::Zeroable)]
+struct MatmulParams {
+    rows: u32,
+    cols: u32,
+    row_bytes: u32,
+    weight_offset: u32,
+    first_row: u32,
+    n_tokens: u32,
+    out_stride: u32,
+    row_tiles: u32,
 }
 
 #[repr(C)]
@@ -140,6 +156,7 @@ pub fn rope_cos_sin(rope_dim: usize, base: f32, linear_factor: f32, positions: u
 /// All compiled pipelines.
 pub struct Kernels {
     matvec: Vec<(TensorType, wgpu::ComputePipeline)>,
+    matmul: Vec<(TensorType, wgpu::ComputePipeline)>,
     rms_norm: wgpu::ComputePipeline,
     rope: wgpu::ComputePipeline,
     attention: wgpu::ComputePipeline,
@@ -161,6 +178,10 @@ fn pipeline(ctx: &GpuContext, label: &str, source: &str) -> wgpu::ComputePipelin
         compilation_options: Default::default(),
         cache: None,
     })
+}
+
+fn for_type(pipelines: &[(TensorType, wgpu::ComputePipeline)], ty: TensorType) -> Result<&wgpu::ComputePipeline> {
+    pipelines.iter().find(|(t, _)| *t == ty).map(|(_, p)| p).ok_or(GpuError::UnsupportedType(ty))
 }
 
 fn u32_arg(what: &str, v: usize) -> Result<u32> {
@@ -187,8 +208,16 @@ impl Kernels {
                 (ty, pipeline(ctx, &format!("matvec_{ty}"), &source))
             })
             .collect();
+        let matmul = MATVEC_TYPES
+            .iter()
+            .map(|&(ty, block)| {
+                let source = format!("{BYTES}\n{block}\n{MATMUL}");
+                (ty, pipeline(ctx, &format!("matmul_{ty}"), &source))
+            })
+            .collect();
         let kernels = Kernels {
             matvec,
+            matmul,
             rms_norm: pipeline(ctx, "rms_norm", include_str!("shaders/rms_norm.wgsl")),
             rope: pipeline(ctx, "rope", include_str!("shaders/rope.wgsl")),
             attention: pipeline(ctx, "attention", include_str!("shaders/attention.wgsl")),
@@ -240,12 +269,7 @@ impl Kernels {
     /// y = W·x for a weight matrix on the device (`x`: cols f32, `y`: rows f32); one dispatch
     /// per part of a split matrix.
     pub fn matvec(&self, ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, m: &GpuMatrix, x: &wgpu::Buffer, y: &wgpu::Buffer) -> Result<()> {
-        let pipeline = self
-            .matvec
-            .iter()
-            .find(|(t, _)| *t == m.ty())
-            .map(|(_, p)| p)
-            .ok_or(GpuError::UnsupportedType(m.ty()))?;
+        let pipeline = for_type(&self.matvec, m.ty())?;
         check_len("matvec x", x, m.cols())?;
         check_len("matvec y", y, m.rows())?;
         for part in m.parts() {
@@ -258,6 +282,34 @@ impl Kernels {
                 pad: [0; 3],
             };
             let groups = u32_arg("matvec workgroups", part.rows.div_ceil(MATVEC_ROWS_PER_GROUP as usize))?;
+            Self::dispatch(ctx, encoder, pipeline, &params, &[&part.buffer, x, y], groups)?;
+        }
+        Ok(())
+    }
+
+    /// Prefill: y = x·Wᵀ for `n_tokens` rows of x (`x`: n_tokens × cols, `y`: n_tokens × rows,
+    /// the layout of lean_quant::matmul); one dispatch per part of a split matrix.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul(&self, ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, m: &GpuMatrix, x: &wgpu::Buffer, y: &wgpu::Buffer, n_tokens: usize) -> Result<()> {
+        let pipeline = for_type(&self.matmul, m.ty())?;
+        if n_tokens == 0 {
+            return Err(GpuError::Shape("matmul of no tokens".into()));
+        }
+        check_len("matmul x", x, n_tokens * m.cols())?;
+        check_len("matmul y", y, n_tokens * m.rows())?;
+        for part in m.parts() {
+            let row_tiles = part.rows.div_ceil(MATMUL_TILE);
+            let params = MatmulParams {
+                rows: u32_arg("rows", part.rows)?,
+                cols: u32_arg("cols", m.cols())?,
+                row_bytes: u32_arg("row bytes", m.row_bytes())?,
+                weight_offset: 0,
+                first_row: u32_arg("first row", part.first_row)?,
+                n_tokens: u32_arg("tokens", n_tokens)?,
+                out_stride: u32_arg("rows", m.rows())?,
+                row_tiles: u32_arg("row tiles", row_tiles)?,
+            };
+            let groups = u32_arg("matmul workgroups", row_tiles * n_tokens.div_ceil(MATMUL_TILE))?;
             Self::dispatch(ctx, encoder, pipeline, &params, &[&part.buffer, x, y], groups)?;
         }
         Ok(())
@@ -276,7 +328,7 @@ impl Kernels {
     /// Rotates `x` in place (`n_tokens × n_heads × head_dim`) with a table from `rope_cos_sin`
     /// uploaded as `cos_sin` (it must cover positions up to pos0 + n_tokens).
     pub fn rope(&self, ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, x: &wgpu::Buffer, cos_sin: &wgpu::Buffer, s: RopeShape) -> Result<()> {
-        if s.rope_dim % 2 != 0 || s.rope_dim > s.head_dim {
+        if !s.rope_dim.is_multiple_of(2) || s.rope_dim > s.head_dim {
             return Err(GpuError::Shape(format!("rope_dim {} must be even and at most head_dim {}", s.rope_dim, s.head_dim)));
         }
         let half = s.rope_dim / 2;
@@ -299,7 +351,7 @@ impl Kernels {
     /// positions; `scores` is scratch of n_heads × capacity f32; `out` gets n_heads × head_dim.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(&self, ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, q: &wgpu::Buffer, keys: &wgpu::Buffer, values: &wgpu::Buffer, scores: &wgpu::Buffer, out: &wgpu::Buffer, s: AttentionShape) -> Result<()> {
-        if s.n_kv_heads == 0 || s.n_heads % s.n_kv_heads != 0 || s.len == 0 || s.len > s.capacity {
+        if s.n_kv_heads == 0 || !s.n_heads.is_multiple_of(s.n_kv_heads) || s.len == 0 || s.len > s.capacity {
             return Err(GpuError::Shape(format!("attention of {} heads over {} kv heads, {} of {} positions", s.n_heads, s.n_kv_heads, s.len, s.capacity)));
         }
         let cache_end = s.cache_offset + s.n_kv_heads * s.capacity * s.head_dim;
@@ -335,7 +387,7 @@ impl Kernels {
 
     /// x[i] += y[i % y_len] for i < n: the residual add (y_len = n) or a bias per row.
     pub fn add(&self, ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, x: &wgpu::Buffer, y: &wgpu::Buffer, n: usize, y_len: usize) -> Result<()> {
-        if y_len == 0 || n % y_len != 0 {
+        if y_len == 0 || !n.is_multiple_of(y_len) {
             return Err(GpuError::Shape(format!("add: {n} elements are not whole rows of {y_len}")));
         }
         check_len("add x", x, n)?;

@@ -56,7 +56,7 @@ fn random_matrix(rng: &mut Rng, ty: TensorType, rows: usize, cols: usize) -> Vec
     for block in w.chunks_exact_mut(ty.block_bytes()) {
         for &at in f16_fields(ty) {
             // one scale in 8 tiny (f16 subnormal range), the rest up to 0.1
-            let scale = if rng.next_u64() % 8 == 0 { 1e-6 } else { 0.1 };
+            let scale = if rng.next_u64().is_multiple_of(8) { 1e-6 } else { 0.1 };
             block[at..at + 2].copy_from_slice(&f16::from_f32(rng.unit() * scale).to_le_bytes());
         }
     }
@@ -109,11 +109,14 @@ fn reference_matvec(ty: TensorType, w: &[u8], rows: usize, cols: usize, x: &[f32
         .collect()
 }
 
-fn check_matvec(ty: TensorType, rows: usize, cols: usize, max_part_bytes: Option<u64>, seed: u64) {
+/// matvec (n_tokens = None) or matmul of n tokens against the reference, optionally with the
+/// weights split into parts of at most `max_part_bytes`.
+fn check_linear(ty: TensorType, rows: usize, cols: usize, n_tokens: Option<usize>, max_part_bytes: Option<u64>, seed: u64) {
     let Some((ctx, kernels)) = gpu() else { return };
     let mut rng = Rng(seed);
     let w = random_matrix(&mut rng, ty, rows, cols);
-    let x = rng.floats(cols, 1.0);
+    let n = n_tokens.unwrap_or(1);
+    let x = rng.floats(n * cols, 1.0);
     let m = match max_part_bytes {
         Some(limit) => GpuMatrix::upload_split(ctx, ty, rows, cols, &w, limit),
         None => GpuMatrix::upload(ctx, ty, rows, cols, &w),
@@ -124,13 +127,23 @@ fn check_matvec(ty: TensorType, rows: usize, cols: usize, max_part_bytes: Option
         assert!(m.parts().iter().all(|p| p.buffer.size() <= limit), "{ty}: a part exceeds {limit} bytes");
     }
     let xb = ctx.upload_f32("x", &x);
-    let yb = ctx.storage_f32("y", rows);
-    submit(ctx, |e| kernels.matvec(ctx, e, &m, &xb, &yb));
-    let y = read_f32(ctx, &yb, rows);
-    for (r, (&got, &(want, abs))) in y.iter().zip(&reference_matvec(ty, &w, rows, cols, &x)).enumerate() {
-        let err = (got as f64 - want).abs();
-        assert!(err <= TOLERANCE * abs + 1e-30, "{ty} {rows}x{cols} row {r}: {got} vs {want} (sum |wx| {abs})");
+    let yb = ctx.storage_f32("y", n * rows);
+    submit(ctx, |e| match n_tokens {
+        None => kernels.matvec(ctx, e, &m, &xb, &yb),
+        Some(n) => kernels.matmul(ctx, e, &m, &xb, &yb, n),
+    });
+    let y = read_f32(ctx, &yb, n * rows);
+    for t in 0..n {
+        let want_row = reference_matvec(ty, &w, rows, cols, &x[t * cols..(t + 1) * cols]);
+        for (r, (&got, &(want, abs))) in y[t * rows..(t + 1) * rows].iter().zip(&want_row).enumerate() {
+            let err = (got as f64 - want).abs();
+            assert!(err <= TOLERANCE * abs + 1e-30, "{ty} {rows}x{cols} token {t}/{n_tokens:?} row {r}: {got} vs {want} (sum |wx| {abs})");
+        }
     }
+}
+
+fn check_matvec(ty: TensorType, rows: usize, cols: usize, max_part_bytes: Option<u64>, seed: u64) {
+    check_linear(ty, rows, cols, None, max_part_bytes, seed);
 }
 
 const QUANT_TYPES: [TensorType; 6] =
@@ -168,6 +181,28 @@ fn matvec_split_across_bindings() {
         // parts of 5 rows (row sizes not multiples of 4 leave padded parts)
         let limit = (ty.row_bytes(cols).unwrap() * 5 + 3) as u64;
         check_matvec(ty, 23, cols, Some(limit), 60 + i as u64);
+    }
+}
+
+#[test]
+fn matmul_tiles_with_ragged_edges() {
+    for (i, ty) in QUANT_TYPES.into_iter().chain([TensorType::F32]).enumerate() {
+        let i = i as u64;
+        // one token; tokens and rows not multiples of the 32 x 32 tile; a K of one block
+        check_linear(ty, 45, ty.block_len().max(64), Some(1), None, 130 + i);
+        check_linear(ty, 70, ty.block_len() * 3, Some(37), None, 140 + i);
+        check_linear(ty, 33, ty.block_len(), Some(5), None, 150 + i);
+    }
+    // F32 with K not a multiple of the 32-element K step
+    check_linear(TensorType::F32, 40, 77, Some(9), None, 160);
+}
+
+#[test]
+fn matmul_split_across_bindings() {
+    for (i, ty) in QUANT_TYPES.into_iter().enumerate() {
+        let cols = ty.block_len() * 2;
+        let limit = (ty.row_bytes(cols).unwrap() * 11) as u64;
+        check_linear(ty, 50, cols, Some(6), Some(limit), 170 + i as u64);
     }
 }
 

@@ -6,3 +6,8 @@ const PARTS: u32 = 1u;
 fn part_dot(blk: u32, part: u32, xi: u32) -> f32 {
     return bitcast<f32>(w[blk >> 2u]) * x[xi];
 }
+
+// Element e of the block at byte blk (the prefill matmul dequantizes tiles with this).
+fn weight_at(blk: u32, e: u32) -> f32 {
+    return bitcast<f32>(w[blk >> 2u]);
+}

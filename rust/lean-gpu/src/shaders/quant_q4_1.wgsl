@@ -16,3 +16,10 @@ fn part_dot(blk: u32, part: u32, xi: u32) -> f32 {
     }
     return acc;
 }
+
+// Element e of the block at byte blk (the prefill matmul dequantizes tiles with this).
+fn weight_at(blk: u32, e: u32) -> f32 {
+    let byte = load_u8(blk + 4u + e % 16u);
+    let q = select(byte & 0xFu, byte >> 4u, e >= 16u);
+    return load_f16(blk) * f32(q) + load_f16(blk + 2u);
+}

@@ -41,3 +41,11 @@ fn part_dot(blk: u32, part: u32, xi: u32) -> f32 {
     }
     return acc;
 }
+
+// Element e of the block at byte blk (the prefill matmul dequantizes tiles with this).
+fn weight_at(blk: u32, e: u32) -> f32 {
+    let s = e / 32u;
+    let sm = scale_min_k4(blk, s);
+    let q = (load_u8(blk + 16u + 32u * (s / 2u) + e % 32u) >> (4u * (s % 2u))) & 0xFu;
+    return (load_f16(blk) * f32(sm.x)) * f32(q) - load_f16(blk + 2u) * f32(sm.y);
+}

@@ -19,3 +19,11 @@ fn part_dot(blk: u32, part: u32, xi: u32) -> f32 {
     }
     return acc;
 }
+
+// Element e of the block at byte blk (the prefill matmul dequantizes tiles with this).
+fn weight_at(blk: u32, e: u32) -> f32 {
+    let byte = load_u8(blk + 6u + e % 16u);
+    let nibble = select(byte & 0xFu, byte >> 4u, e >= 16u);
+    let q = nibble | (((load_u32(blk + 2u) >> e) & 1u) << 4u);
+    return load_f16(blk) * f32(i32(q) - 16);
+}

@@ -31,3 +31,13 @@ fn part_dot(blk: u32, part: u32, xi: u32) -> f32 {
     }
     return acc;
 }
+
+// Element e of the block at byte blk (the prefill matmul dequantizes tiles with this).
+fn weight_at(blk: u32, e: u32) -> f32 {
+    let h = e / 128u;
+    let i = e % 128u;
+    let low = (load_u8(blk + 64u * h + i % 64u) >> (4u * (i / 64u))) & 0xFu;
+    let high = (load_u8(blk + 128u + 32u * h + i % 32u) >> (2u * (i / 32u))) & 3u;
+    let scale = extractBits(i32(load_u8(blk + 192u + e / 16u)), 0u, 8u);
+    return (load_f16(blk + 208u) * f32(scale)) * f32(i32(low | (high << 4u)) - 32);
+}

@@ -16,3 +16,8 @@ fn part_dot(blk: u32, part: u32, xi: u32) -> f32 {
     }
     return acc;
 }
+
+// Element e of the block at byte blk (the prefill matmul dequantizes tiles with this).
+fn weight_at(blk: u32, e: u32) -> f32 {
+    return f32(extractBits(i32(load_u8(blk + 2u + e)), 0u, 8u)) * load_f16(blk);
+}
