@@ -1,0 +1,274 @@
+//! Memory bandwidth of the matvec kernels on the adapter wgpu picks, against a plain read
+//! kernel on the same adapter (decode is one matvec per weight matrix, so GB/s of weight bytes
+//! is its speed).
+//!
+//! GPU time comes from timestamp queries around a run of dispatches when the adapter has
+//! TIMESTAMP_QUERY, else from the wall clock around one submission of the run. Each case
+//! rotates over enough copies of its matrix that they exceed any last-level cache, so every
+//! dispatch streams its weights from memory; dispatches write one `y`, so consecutive ones are
+//! ordered as in a forward pass, and small matrices show the per-dispatch cost.
+//!
+//! Run: `cargo run --release --example gpu_bench [-- --small]` (`--small`, or a CPU adapter
+//! such as lavapipe, uses shapes a tenth the size and fewer repetitions).
+use lean_gpu::wgpu;
+use lean_gpu::{GpuContext, GpuMatrix, Kernels};
+use lean_quant::{scalar, TensorType};
+use std::time::Instant;
+
+/// Bytes each case streams per timed run (a few milliseconds at HBM speeds).
+const RUN_BYTES_GPU: u64 = 16 << 30;
+const RUN_BYTES_SMALL: u64 = 64 << 20;
+/// The copies of one matrix add up to at least this many bytes (H200's L2 is 60 MB).
+const ROTATION_BYTES_GPU: u64 = 512 << 20;
+const ROTATION_BYTES_SMALL: u64 = 32 << 20;
+const MAX_DISPATCHES: u64 = 2000;
+const TRIALS: usize = 3;
+
+/// (rows, cols) of a 3B-class model (Qwen2.5-3B: hidden 2048, FFN 11008, vocab 151936).
+const SHAPES: [(usize, usize); 6] = [(2048, 2048), (2048, 8192), (8192, 2048), (11008, 2048), (2048, 11008), (151936, 2048)];
+const TYPES: [TensorType; 4] = [TensorType::Q4_0, TensorType::Q8_0, TensorType::Q6_K, TensorType::Q4_K];
+
+/// Sums words of a buffer with a grid-stride loop; the result is written only if it equals
+/// an impossible value, so the loads cannot be dropped and nothing else touches memory.
+const READ_VEC4: &str = "
+@group(0) @binding(0) var<storage, read> src: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read_write> sink: array<u32>;
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    var acc = vec4<u32>(0u);
+    let n = arrayLength(&src);
+    for (var i = gid.x; i < n; i += groups.x * 256u) {
+        acc ^= src[i];
+    }
+    let v = acc.x ^ acc.y ^ acc.z ^ acc.w;
+    if (v == 0x9E3779B9u) { sink[0] = v; }
+}";
+const READ_U32: &str = "
+@group(0) @binding(0) var<storage, read> src: array<u32>;
+@group(0) @binding(1) var<storage, read_write> sink: array<u32>;
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    var acc = 0u;
+    let n = arrayLength(&src);
+    for (var i = gid.x; i < n; i += groups.x * 256u) {
+        acc ^= src[i];
+    }
+    if (acc == 0x9E3779B9u) { sink[0] = acc; }
+}";
+
+struct Timer {
+    queries: Option<(wgpu::QuerySet, wgpu::Buffer)>,
+}
+
+impl Timer {
+    fn new(ctx: &GpuContext) -> Self {
+        let queries = ctx.features().contains(wgpu::Features::TIMESTAMP_QUERY).then(|| {
+            let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("bench"), ty: wgpu::QueryType::Timestamp, count: 2 });
+            let resolved = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("timestamps"),
+                size: 16,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            (set, resolved)
+        });
+        Timer { queries }
+    }
+
+    fn method(&self) -> &'static str {
+        if self.queries.is_some() {
+            "timestamp queries"
+        } else {
+            "wall clock"
+        }
+    }
+
+    /// Seconds of GPU time of the commands `record` adds to one submission. Timestamps come
+    /// from empty passes before and after them (Vulkan writes them once all earlier work is
+    /// done), so the run needs no change to the kernels' own passes.
+    fn time(&self, ctx: &GpuContext, record: impl FnOnce(&mut wgpu::CommandEncoder)) -> f64 {
+        let mut encoder = ctx.device.create_command_encoder(&Default::default());
+        let stamp = |encoder: &mut wgpu::CommandEncoder, index: u32| {
+            if let Some((set, _)) = &self.queries {
+                let writes = wgpu::ComputePassTimestampWrites { query_set: set, beginning_of_pass_write_index: Some(index), end_of_pass_write_index: None };
+                encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: Some(writes) });
+            }
+        };
+        stamp(&mut encoder, 0);
+        record(&mut encoder);
+        stamp(&mut encoder, 1);
+        if let Some((set, resolved)) = &self.queries {
+            encoder.resolve_query_set(set, 0..2, resolved, 0);
+        }
+        let start = Instant::now();
+        ctx.queue.submit([encoder.finish()]);
+        ctx.device.poll(wgpu::PollType::wait_indefinitely()).expect("device alive");
+        let wall = start.elapsed().as_secs_f64();
+        match &self.queries {
+            None => wall,
+            Some((_, resolved)) => {
+                let read = ctx.read_bytes(resolved, 16);
+                ctx.device.poll(wgpu::PollType::wait_indefinitely()).expect("device alive");
+                let bytes = pollster::block_on(read).expect("timestamps");
+                let ticks: &[u64] = bytemuck::cast_slice(&bytes);
+                ticks[1].wrapping_sub(ticks[0]) as f64 * ctx.queue.get_timestamp_period() as f64 * 1e-9
+            }
+        }
+    }
+
+    /// The fastest of `TRIALS` runs after one warm-up.
+    fn best(&self, ctx: &GpuContext, mut record: impl FnMut(&mut wgpu::CommandEncoder)) -> f64 {
+        self.time(ctx, &mut record);
+        (0..TRIALS).map(|_| self.time(ctx, &mut record)).fold(f64::INFINITY, f64::min)
+    }
+}
+
+/// splitmix64 bytes: weights need no structure to be timed.
+fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed;
+    let mut out = Vec::with_capacity(n + 8);
+    while out.len() < n {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        out.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+    }
+    out.truncate(n);
+    out
+}
+
+/// Uniform in [-0.5, 0.5].
+fn random_floats(n: usize) -> Vec<f32> {
+    random_bytes(n * 4, n as u64).chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap()) as f32 / u32::MAX as f32 - 0.5).collect()
+}
+
+/// Random quants with every f16 scale set to 0.01 (F32: values in [-0.5, 0.5]), so the spot
+/// check sees finite values.
+fn random_matrix(ty: TensorType, rows: usize, cols: usize) -> Vec<u8> {
+    if ty == TensorType::F32 {
+        return random_floats(rows * cols).iter().flat_map(|v| v.to_le_bytes()).collect();
+    }
+    let mut w = random_bytes(rows * ty.row_bytes(cols).expect("whole blocks"), rows as u64 ^ cols as u64);
+    let scale_fields: &[usize] = match ty {
+        TensorType::Q4_0 | TensorType::Q8_0 => &[0],
+        TensorType::Q4_K => &[0, 2],
+        TensorType::Q6_K => &[208],
+        _ => &[],
+    };
+    let scale = half::f16::from_f32(0.01).to_le_bytes();
+    for block in w.chunks_exact_mut(ty.block_bytes()) {
+        for &at in scale_fields {
+            block[at..at + 2].copy_from_slice(&scale);
+        }
+    }
+    w
+}
+
+fn read_bandwidth(ctx: &GpuContext, timer: &Timer, name: &str, source: &str, bytes: u64) {
+    let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(name), source: wgpu::ShaderSource::Wgsl(source.into()) });
+    let pipeline = ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(name),
+        layout: None,
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    let bytes = bytes.min(ctx.max_binding_bytes() & !15);
+    let src = ctx.device.create_buffer(&wgpu::BufferDescriptor { label: Some("src"), size: bytes, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
+    let sink = ctx.storage_f32("sink", 1);
+    let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &[
+            wgpu::BindGroupEntry { binding: 0, resource: src.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 1, resource: sink.as_entire_binding() },
+        ],
+    });
+    let reps = 10;
+    for loads_per_thread in [4u64, 16, 64] {
+        let word_bytes = if source.contains("vec4") { 16 } else { 4 };
+        let groups = (bytes / word_bytes / 256 / loads_per_thread).clamp(1, ctx.limits().max_compute_workgroups_per_dimension as u64) as u32;
+        let seconds = timer.best(ctx, |encoder| {
+            for _ in 0..reps {
+                let mut pass = encoder.begin_compute_pass(&Default::default());
+                pass.set_pipeline(&pipeline);
+                pass.set_bind_group(0, &bind_group, &[]);
+                pass.dispatch_workgroups(groups, 1, 1);
+            }
+        });
+        let gbs = (bytes * reps) as f64 / seconds / 1e9;
+        println!("| {name} | {} MiB | {groups} groups | {:.1} µs | {gbs:.0} |", bytes >> 20, seconds / reps as f64 * 1e6);
+    }
+}
+
+/// Rows 0 and rows - 1 of one matvec against lean-quant's scalar dequantization.
+fn spot_check(ctx: &GpuContext, ty: TensorType, w: &[u8], rows: usize, cols: usize, x: &[f32], y: &wgpu::Buffer) {
+    let future = ctx.read_f32(y, rows);
+    ctx.device.poll(wgpu::PollType::wait_indefinitely()).expect("device alive");
+    let got = pollster::block_on(future).expect("readback");
+    let row_bytes = ty.row_bytes(cols).unwrap();
+    let mut weights = vec![0f32; cols];
+    for r in [0, rows - 1] {
+        scalar::dequantize(ty, &w[r * row_bytes..(r + 1) * row_bytes], &mut weights);
+        let (want, abs) = weights.iter().zip(x).fold((0f64, 0f64), |(s, a), (&wv, &xv)| (s + wv as f64 * xv as f64, a + (wv as f64 * xv as f64).abs()));
+        assert!((got[r] as f64 - want).abs() <= 1e-5 * abs, "{ty} {rows}x{cols} row {r}: {} vs {want}", got[r]);
+    }
+}
+
+fn main() {
+    let small = std::env::args().any(|a| a == "--small");
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    for adapter in pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all())) {
+        let i = adapter.get_info();
+        println!("found adapter: {} ({:?}, {:?}, driver {} {})", i.name, i.backend, i.device_type, i.driver, i.driver_info);
+    }
+    let options = wgpu::RequestAdapterOptions { power_preference: wgpu::PowerPreference::HighPerformance, ..Default::default() };
+    let adapter = match pollster::block_on(instance.request_adapter(&options)) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("no adapter: {e}");
+            std::process::exit(1);
+        }
+    };
+    let timestamps = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
+    let ctx = pollster::block_on(GpuContext::from_adapter(&adapter, timestamps)).expect("device");
+    let kernels = pollster::block_on(Kernels::new(&ctx)).expect("kernels compile");
+    let small = small || ctx.adapter_info().device_type == wgpu::DeviceType::Cpu;
+    let (run_bytes, rotation_bytes) = if small { (RUN_BYTES_SMALL, ROTATION_BYTES_SMALL) } else { (RUN_BYTES_GPU, ROTATION_BYTES_GPU) };
+    let timer = Timer::new(&ctx);
+    println!("adapter: {}", ctx.describe());
+    println!("timing: {}; max storage binding {} MiB\n", timer.method(), ctx.max_binding_bytes() >> 20);
+
+    println!("| read kernel | buffer | dispatch | time/dispatch | GB/s |\n|---|---|---|---|---|");
+    let read_bytes = if small { 64 << 20 } else { 2 << 30 };
+    read_bandwidth(&ctx, &timer, "read vec4<u32>", READ_VEC4, read_bytes);
+    read_bandwidth(&ctx, &timer, "read u32", READ_U32, read_bytes);
+
+    println!("\n| type | rows x cols | weight MB | copies | dispatches | time/dispatch | GB/s |\n|---|---|---|---|---|---|---|");
+    // The cost of a dispatch itself (an 8 x 32 matrix); then F32, whose loads are all
+    // contiguous, as the skeleton's own streaming rate.
+    let cases = [(TensorType::Q4_0, (8, 32)), (TensorType::F32, (8192, 2048)), (TensorType::F32, (151936, 2048))]
+        .into_iter()
+        .chain(TYPES.into_iter().flat_map(|ty| SHAPES.map(|shape| (ty, shape))));
+    for (ty, (rows, cols)) in cases {
+        let rows = if small && rows > 8 { rows / 10 } else { rows };
+        let w = random_matrix(ty, rows, cols);
+        let bytes = w.len() as u64;
+        let copies = rotation_bytes.div_ceil(bytes).clamp(1, 256) as usize;
+        let matrices: Vec<GpuMatrix> = (0..copies).map(|_| GpuMatrix::upload(&ctx, ty, rows, cols, &w).expect("upload")).collect();
+        let x = random_floats(cols);
+        let xb = ctx.upload_f32("x", &x);
+        let yb = ctx.storage_f32("y", rows);
+        let dispatches = run_bytes.div_ceil(bytes).clamp(copies as u64, MAX_DISPATCHES) as usize;
+        let seconds = timer.best(&ctx, |encoder| {
+            for m in matrices.iter().cycle().take(dispatches) {
+                kernels.matvec(&ctx, encoder, m, &xb, &yb).expect("matvec");
+            }
+        });
+        spot_check(&ctx, ty, &w, rows, cols, &x, &yb);
+        let per = seconds / dispatches as f64;
+        println!("| {ty} | {rows}x{cols} | {:.1} | {copies} | {dispatches} | {:.1} µs | {:.0} |", bytes as f64 / 1e6, per * 1e6, bytes as f64 / per / 1e9);
+    }
+}
