@@ -4,6 +4,7 @@ use crate::{init_threads, load_model, CliResult, Common};
 use clap::Args;
 use lean::cpu::{CpuSession, Logits};
 use lean::sampling::argmax;
+use std::io::Write;
 use std::time::Instant;
 
 #[derive(Args)]
@@ -84,10 +85,11 @@ pub fn run(args: BenchArgs) -> CliResult {
             "prefill_tokens_per_second": prefill_tps, "decode_tokens_per_second": decode_tps,
             "file_bytes": model.file_size(), "kv_cache_bytes": session.kv_bytes(), "peak_rss_bytes": peak,
         });
-        println!("{out}");
+        let _ = writeln!(std::io::stdout(), "{out}");
     } else {
         let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
-        println!(
+        let _ = writeln!(
+            std::io::stdout(),
             "{path}: {} · {} threads · pp{} {:.1} tok/s · tg{} {:.1} tok/s · file {:.0} MiB · kv {:.0} MiB · peak RSS {}",
             lean::quant::isa(),
             threads,

@@ -133,6 +133,9 @@ fn find_tokenizer(model: &Path) -> Option<PathBuf> {
 fn run(args: RunArgs) -> CliResult {
     let threads = init_threads(args.common.threads)?;
     let model_path = args.common.model.clone().ok_or("--model is required")?;
+    if !model_path.is_file() {
+        return Err(format!("{}: no such model file", model_path.display()).into());
+    }
     let tok_path = match &args.tokenizer {
         Some(p) => p.clone(),
         None => find_tokenizer(&model_path)

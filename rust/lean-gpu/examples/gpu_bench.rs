@@ -123,6 +123,12 @@ impl Timer {
     }
 }
 
+/// At least three significant digits: GB/s run from below 1 (lavapipe) to thousands.
+fn three_digits(v: f64) -> String {
+    let decimals = if v >= 100.0 { 0 } else if v >= 10.0 { 1 } else if v >= 1.0 { 2 } else { 3 };
+    format!("{v:.decimals$}")
+}
+
 /// splitmix64 bytes: weights need no structure to be timed.
 fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
     let mut state = seed;
@@ -199,7 +205,7 @@ fn read_bandwidth(ctx: &GpuContext, timer: &Timer, name: &str, source: &str, byt
             }
         });
         let gbs = (bytes * reps) as f64 / seconds / 1e9;
-        println!("| {name} | {} MiB | {groups} groups | {:.1} µs | {gbs:.0} |", bytes >> 20, seconds / reps as f64 * 1e6);
+        println!("| {name} | {} MiB | {groups} groups | {:.1} µs | {} |", bytes >> 20, seconds / reps as f64 * 1e6, three_digits(gbs));
     }
 }
 
@@ -269,6 +275,6 @@ fn main() {
         });
         spot_check(&ctx, ty, &w, rows, cols, &x, &yb);
         let per = seconds / dispatches as f64;
-        println!("| {ty} | {rows}x{cols} | {:.1} | {copies} | {dispatches} | {:.1} µs | {:.0} |", bytes as f64 / 1e6, per * 1e6, bytes as f64 / per / 1e9);
+        println!("| {ty} | {rows}x{cols} | {} | {copies} | {dispatches} | {:.1} µs | {} |", three_digits(bytes as f64 / 1e6), per * 1e6, three_digits(bytes as f64 / per / 1e9));
     }
 }

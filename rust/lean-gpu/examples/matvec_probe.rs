@@ -1,7 +1,7 @@
 //! TEMPORARY probe (gpu2): Q8_0 / Q4_0 matvec variants whose lanes read x as contiguous vec4,
 //! timed like gpu_bench, to test whether x loads limit the production kernels.
 use lean_gpu::wgpu;
-use lean_gpu::{GpuContext, GpuMatrix};
+use lean_gpu::{GpuContext, GpuMatrix, Kernels};
 use lean_quant::{scalar, TensorType};
 
 const BYTES: &str = include_str!("../src/shaders/bytes.wgsl");
@@ -62,6 +62,65 @@ const Q4_0_BODY: &str = "
         }
 ";
 
+fn time(ctx: &GpuContext, set: &wgpu::QuerySet, resolved: &wgpu::Buffer, mut record: impl FnMut(&mut wgpu::CommandEncoder)) -> f64 {
+    let mut best = f64::INFINITY;
+    for _ in 0..4 {
+        let mut e = ctx.device.create_command_encoder(&Default::default());
+        e.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: Some(wgpu::ComputePassTimestampWrites { query_set: set, beginning_of_pass_write_index: Some(0), end_of_pass_write_index: None }) });
+        record(&mut e);
+        e.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: Some(wgpu::ComputePassTimestampWrites { query_set: set, beginning_of_pass_write_index: Some(1), end_of_pass_write_index: None }) });
+        e.resolve_query_set(set, 0..2, resolved, 0);
+        ctx.queue.submit([e.finish()]);
+        let f = ctx.read_bytes(resolved, 16);
+        ctx.device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+        let b = pollster::block_on(f).unwrap();
+        let t: &[u64] = bytemuck::cast_slice(&b);
+        best = best.min((t[1] - t[0]) as f64 * ctx.queue.get_timestamp_period() as f64 * 1e-9);
+    }
+    best
+}
+
+fn floor_and_f32(ctx: &GpuContext, set: &wgpu::QuerySet, resolved: &wgpu::Buffer) {
+    let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor { label: None, source: wgpu::ShaderSource::Wgsl("@group(0) @binding(0) var<storage, read_write> y: array<f32>;\n@compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3<u32>) { y[g.x] = 1.0; }".into()) });
+    let pipeline = ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor { label: None, layout: None, module: &module, entry_point: Some("main"), compilation_options: Default::default(), cache: None });
+    let ys: Vec<wgpu::Buffer> = (0..256).map(|_| ctx.storage_f32("y", 64)).collect();
+    let bgs: Vec<wgpu::BindGroup> = ys.iter().map(|y| ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &pipeline.get_bind_group_layout(0), entries: &[wgpu::BindGroupEntry { binding: 0, resource: y.as_entire_binding() }] })).collect();
+    let n = 2000;
+    println!("| dispatch pattern (1 workgroup, 2000 dispatches) | per dispatch |\n|---|---|");
+    for (name, one_pass, distinct) in [("own pass each, same y", false, false), ("own pass each, 256 distinct y", false, true), ("one pass, same y", true, false), ("one pass, 256 distinct y", true, true)] {
+        let t = time(ctx, set, resolved, |e| {
+            let pick = |i: usize| if distinct { &bgs[i % 256] } else { &bgs[0] };
+            if one_pass {
+                let mut pass = e.begin_compute_pass(&Default::default());
+                pass.set_pipeline(&pipeline);
+                for i in 0..n { pass.set_bind_group(0, pick(i), &[]); pass.dispatch_workgroups(1, 1, 1); }
+            } else {
+                for i in 0..n {
+                    let mut pass = e.begin_compute_pass(&Default::default());
+                    pass.set_pipeline(&pipeline);
+                    pass.set_bind_group(0, pick(i), &[]);
+                    pass.dispatch_workgroups(1, 1, 1);
+                }
+            }
+        });
+        println!("| {name} | {:.2} µs |", t / n as f64 * 1e6);
+    }
+    let kernels = pollster::block_on(Kernels::new(ctx)).unwrap();
+    println!("| F32 matvec (production) | per dispatch | GB/s |\n|---|---|---|");
+    for rows in [8192usize, 37984, 75968, 151936] {
+        let cols = 2048;
+        let w: Vec<u8> = (0..rows * cols).flat_map(|i| (((i * 7919) % 1000) as f32 / 1000.0).to_le_bytes()).collect();
+        let copies = ((512u64 << 20).div_ceil(w.len() as u64)).clamp(1, 256) as usize;
+        let mats: Vec<GpuMatrix> = (0..copies).map(|_| GpuMatrix::upload(ctx, TensorType::F32, rows, cols, &w).unwrap()).collect();
+        let xb = ctx.storage_f32("x", cols);
+        let yb = ctx.storage_f32("y", rows);
+        let dispatches = ((16u64 << 30).div_ceil(w.len() as u64)).clamp(copies as u64, 2000) as usize;
+        let t = time(ctx, set, resolved, |e| { for m in mats.iter().cycle().take(dispatches) { kernels.matvec(ctx, e, m, &xb, &yb).unwrap(); } });
+        let per = t / dispatches as f64;
+        println!("| {rows}x{cols} ({copies} copies) | {:.1} µs | {:.0} |", per * 1e6, w.len() as f64 / per / 1e9);
+    }
+}
+
 fn main() {
     let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
     let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions { power_preference: wgpu::PowerPreference::HighPerformance, ..Default::default() })).expect("adapter");
@@ -70,6 +129,10 @@ fn main() {
     println!("probe adapter: {}", ctx.describe());
     let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor { label: None, ty: wgpu::QueryType::Timestamp, count: 2 });
     let resolved = ctx.device.create_buffer(&wgpu::BufferDescriptor { label: None, size: 16, usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC, mapped_at_creation: false });
+    if std::env::args().any(|a| a == "--floor") {
+        floor_and_f32(&ctx, &set, &resolved);
+        return;
+    }
     println!("| variant | rows x cols | per dispatch | GB/s |\n|---|---|---|---|");
     for (ty, body, bpb) in [(TensorType::Q8_0, Q8_0_BODY, 34usize), (TensorType::Q4_0, Q4_0_BODY, 18)] {
         for tpr in [32u32, 64, 256] {

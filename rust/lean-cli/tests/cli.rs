@@ -1,0 +1,119 @@
+//! lean-cli end to end on a real test model: chat, raw and multi-turn prompts give the HF
+//! reference's greedy ids; bad input exits non-zero with a message that names the problem.
+use std::path::PathBuf;
+use std::process::Command;
+
+fn models() -> Option<PathBuf> {
+    let dir = std::env::var_os("LEAN_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../models")));
+    if dir.join("smollm2-135m-instruct-q4_0.gguf").is_file() {
+        return Some(dir);
+    }
+    assert!(std::env::var_os("CI").is_none(), "test models missing in {}", dir.display());
+    eprintln!("skipping: test models missing in {}", dir.display());
+    None
+}
+
+fn fixture_case(name: &str) -> serde_json::Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/hf/smollm2-135m-instruct-q4_0.json");
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    doc["cases"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap().clone()
+}
+
+fn lean(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_lean-cli")).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u64> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
+}
+
+/// Runs lean-cli --json and checks prompt ids and the greedy ids against the reference case
+/// (the CLI stops at end-of-turn tokens, so its ids are a prefix of the reference's).
+fn check_json(args: &[&str], case: &str) {
+    let Some(m) = models() else { return };
+    let model = m.join("smollm2-135m-instruct-q4_0.gguf");
+    let mut all = vec!["--model", model.to_str().unwrap(), "--json", "--tokens", "24", "--threads", "2"];
+    all.extend_from_slice(args);
+    let (ok, stdout, stderr) = lean(&all);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("prefill") && stderr.contains("decode"), "timings on stderr: {stderr}");
+    let out: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    let reference = fixture_case(case);
+    assert_eq!(ids(&out["prompt_ids"]), ids(&reference["prompt_ids"]));
+    let ours = ids(&out["token_ids"]);
+    assert!(!ours.is_empty());
+    assert_eq!(ours[..], ids(&reference["greedy_ids"])[..ours.len()]);
+    assert!(out["timings"]["decode_tokens_per_second"].as_f64().is_some());
+}
+
+#[test]
+fn chat_prompt_matches_reference() {
+    check_json(&["--prompt", "What is the capital of France?"], "chat_short");
+}
+
+#[test]
+fn system_prompt_matches_reference() {
+    check_json(&["--system", "You are a concise assistant. Answer in one sentence.", "--prompt", "Why is the sky blue?"], "chat_system");
+}
+
+#[test]
+fn raw_prompt_matches_reference() {
+    check_json(&["--raw", "--prompt", "The quick brown fox"], "raw_short");
+}
+
+#[test]
+fn messages_file_matches_reference() {
+    let case = fixture_case("chat_multiturn");
+    let file = std::env::temp_dir().join(format!("lean-cli-messages-{}.json", std::process::id()));
+    std::fs::write(&file, case["messages"].to_string()).unwrap();
+    check_json(&["--messages", file.to_str().unwrap()], "chat_multiturn");
+    let _ = std::fs::remove_file(file);
+}
+
+#[test]
+fn streamed_text_equals_json_text() {
+    let Some(m) = models() else { return };
+    let model = m.join("smollm2-135m-instruct-q4_0.gguf");
+    let base = ["--model", model.to_str().unwrap(), "--prompt", "Name three colors.", "--tokens", "20"];
+    let (ok, streamed, _) = lean(&base);
+    assert!(ok);
+    let (ok, json, _) = lean(&[&base[..], &["--json"]].concat());
+    assert!(ok);
+    let out: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+    assert_eq!(streamed.trim_end_matches('\n'), out["text"].as_str().unwrap());
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let (ok, _, err) = lean(&["--model", "/nonexistent.gguf", "--prompt", "hi"]);
+    assert!(!ok && err.contains("/nonexistent.gguf"), "{err}");
+    let Some(m) = models() else { return };
+    let model = m.join("smollm2-135m-instruct-q4_0.gguf");
+    let model = model.to_str().unwrap();
+    let (ok, _, err) = lean(&["--model", model, "--prompt", &"word ".repeat(100), "--ctx", "32"]);
+    assert!(!ok && err.contains("32"), "{err}");
+    let (ok, _, err) = lean(&["--model", model, "--prompt", "hi", "--top-p", "0"]);
+    assert!(!ok && err.contains("top_p"), "{err}");
+    let bad = std::env::temp_dir().join(format!("lean-cli-bad-{}.json", std::process::id()));
+    std::fs::write(&bad, "{\"role\": \"user\"}").unwrap();
+    let (ok, _, err) = lean(&["--model", model, "--messages", bad.to_str().unwrap()]);
+    assert!(!ok && err.contains("array"), "{err}");
+    let _ = std::fs::remove_file(bad);
+    let (ok, _, err) = lean(&["--model", model, "--tokenizer", m.join("qwen2.5-coder-0.5b-instruct").to_str().unwrap(), "--prompt", "hi"]);
+    assert!(!ok && err.contains("tokenizer"), "{err}");
+}
+
+#[test]
+fn bench_reports_json() {
+    let Some(m) = models() else { return };
+    let model = m.join("smollm2-135m-instruct-q4_0.gguf");
+    let (ok, out, err) = lean(&["bench", "--model", model.to_str().unwrap(), "--prompt-tokens", "16", "--gen-tokens", "4", "--reps", "1", "--warmup", "0", "--json"]);
+    assert!(ok, "{err}");
+    let r: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(r["prefill_tokens_per_second"].as_f64().unwrap() > 0.0);
+    assert!(r["decode_tokens_per_second"].as_f64().unwrap() > 0.0);
+    assert!(r["peak_rss_bytes"].as_u64().unwrap() > r["file_bytes"].as_u64().unwrap() / 2);
+}
