@@ -51,19 +51,25 @@ pub fn run(args: BenchArgs) -> CliResult {
     let mut session = CpuSession::new(&model, ctx);
     let vocab = model.config.vocab_size as u32;
     // Fixed pseudo-random ids: deterministic runs, no tokenizer needed.
-    let prompt: Vec<u32> = (0..args.prompt_tokens as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % vocab).collect();
+    let prompt: Vec<u32> = (0..args.prompt_tokens as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % vocab)
+        .collect();
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
     let mut logits = vec![0f32; vocab as usize];
     for rep in 0..args.warmup + args.reps {
         session.truncate(0);
         let t = Instant::now();
-        session.forward(&model, &prompt, Logits::Last, |_, l| logits.copy_from_slice(l))?;
+        session.forward(&model, &prompt, Logits::Last, |_, l| {
+            logits.copy_from_slice(l)
+        })?;
         let p = t.elapsed().as_secs_f64();
         let t = Instant::now();
         for _ in 0..args.gen_tokens {
             let next = argmax(&logits);
-            session.forward(&model, &[next], Logits::Last, |_, l| logits.copy_from_slice(l))?;
+            session.forward(&model, &[next], Logits::Last, |_, l| {
+                logits.copy_from_slice(l)
+            })?;
         }
         let d = t.elapsed().as_secs_f64();
         if rep >= args.warmup {
@@ -74,8 +80,17 @@ pub fn run(args: BenchArgs) -> CliResult {
         }
     }
     let prefill_tps = median(prefill);
-    let decode_tps = if decode.is_empty() { 0.0 } else { median(decode) };
-    let path = args.common.model.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+    let decode_tps = if decode.is_empty() {
+        0.0
+    } else {
+        median(decode)
+    };
+    let path = args
+        .common
+        .model
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
     let peak = peak_rss();
     if args.json {
         let out = serde_json::json!({

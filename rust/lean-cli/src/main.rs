@@ -9,7 +9,11 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 #[derive(Parser)]
-#[command(name = "lean-cli", version, about = "Generate text with a GGUF model (chat by default).")]
+#[command(
+    name = "lean-cli",
+    version,
+    about = "Generate text with a GGUF model (chat by default)."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -102,7 +106,9 @@ pub fn init_threads(threads: Option<usize>) -> CliResult<usize> {
     if n == 0 {
         return Err("--threads must be at least 1".into());
     }
-    rayon::ThreadPoolBuilder::new().num_threads(n).build_global()?;
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global()?;
     Ok(n)
 }
 
@@ -115,7 +121,10 @@ pub fn load_model(common: &Common) -> CliResult<(Model, f64)> {
 
 /// A tokenizer.json next to the model, or a directory whose name the model's file name starts with.
 fn find_tokenizer(model: &Path) -> Option<PathBuf> {
-    let dir = model.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = model
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     if dir.join("tokenizer.json").is_file() {
         return Some(dir.to_path_buf());
     }
@@ -123,7 +132,10 @@ fn find_tokenizer(model: &Path) -> Option<PathBuf> {
     let mut best: Option<(usize, PathBuf)> = None;
     for entry in std::fs::read_dir(dir).ok()?.flatten() {
         let name = entry.file_name().to_string_lossy().to_lowercase();
-        if entry.path().join("tokenizer.json").is_file() && stem.starts_with(&name) && best.as_ref().is_none_or(|(l, _)| name.len() > *l) {
+        if entry.path().join("tokenizer.json").is_file()
+            && stem.starts_with(&name)
+            && best.as_ref().is_none_or(|(l, _)| name.len() > *l)
+        {
             best = Some((name.len(), entry.path()));
         }
     }
@@ -143,19 +155,32 @@ fn run(args: RunArgs) -> CliResult {
     };
     let prompt = if let Some(file) = &args.messages {
         let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
-        let messages: Vec<ChatMessage> = serde_json::from_str(&text)
-            .map_err(|e| format!("{}: expected a JSON array of {{\"role\", \"content\"}} objects: {e}", file.display()))?;
+        let messages: Vec<ChatMessage> = serde_json::from_str(&text).map_err(|e| {
+            format!(
+                "{}: expected a JSON array of {{\"role\", \"content\"}} objects: {e}",
+                file.display()
+            )
+        })?;
         Prompt::Chat(messages)
     } else {
-        let text = args.prompt.clone().ok_or("give --prompt TEXT (or --messages FILE)")?;
+        let text = args
+            .prompt
+            .clone()
+            .ok_or("give --prompt TEXT (or --messages FILE)")?;
         if args.raw {
             Prompt::Raw(text)
         } else {
             let mut messages = Vec::new();
             if let Some(system) = &args.system {
-                messages.push(ChatMessage { role: "system".into(), content: system.clone() });
+                messages.push(ChatMessage {
+                    role: "system".into(),
+                    content: system.clone(),
+                });
             }
-            messages.push(ChatMessage { role: "user".into(), content: text });
+            messages.push(ChatMessage {
+                role: "user".into(),
+                content: text,
+            });
             Prompt::Chat(messages)
         }
     };

@@ -10,24 +10,48 @@ fn models() -> Option<PathBuf> {
     if dir.join("smollm2-135m-instruct-q4_0.gguf").is_file() {
         return Some(dir);
     }
-    assert!(std::env::var_os("CI").is_none(), "test models missing in {}", dir.display());
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "test models missing in {}",
+        dir.display()
+    );
     eprintln!("skipping: test models missing in {}", dir.display());
     None
 }
 
 fn fixture_case(name: &str) -> serde_json::Value {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/hf/smollm2-135m-instruct-q4_0.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../fixtures/hf/smollm2-135m-instruct-q4_0.json"
+    );
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
-    doc["cases"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap().clone()
+    doc["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap()
+        .clone()
 }
 
 fn lean(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_lean-cli")).args(args).output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+    let out = Command::new(env!("CARGO_BIN_EXE_lean-cli"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
 }
 
 fn ids(v: &serde_json::Value) -> Vec<u64> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
 }
 
 /// Runs lean-cli --json and checks prompt ids and the greedy ids against the reference case
@@ -35,28 +59,52 @@ fn ids(v: &serde_json::Value) -> Vec<u64> {
 fn check_json(args: &[&str], case: &str) {
     let Some(m) = models() else { return };
     let model = m.join("smollm2-135m-instruct-q4_0.gguf");
-    let mut all = vec!["--model", model.to_str().unwrap(), "--json", "--tokens", "24", "--threads", "2"];
+    let mut all = vec![
+        "--model",
+        model.to_str().unwrap(),
+        "--json",
+        "--tokens",
+        "24",
+        "--threads",
+        "2",
+    ];
     all.extend_from_slice(args);
     let (ok, stdout, stderr) = lean(&all);
     assert!(ok, "{stderr}");
-    assert!(stderr.contains("prefill") && stderr.contains("decode"), "timings on stderr: {stderr}");
+    assert!(
+        stderr.contains("prefill") && stderr.contains("decode"),
+        "timings on stderr: {stderr}"
+    );
     let out: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
     let reference = fixture_case(case);
     assert_eq!(ids(&out["prompt_ids"]), ids(&reference["prompt_ids"]));
     let ours = ids(&out["token_ids"]);
     assert!(!ours.is_empty());
     assert_eq!(ours[..], ids(&reference["greedy_ids"])[..ours.len()]);
-    assert!(out["timings"]["decode_tokens_per_second"].as_f64().is_some());
+    assert!(out["timings"]["decode_tokens_per_second"]
+        .as_f64()
+        .is_some());
 }
 
 #[test]
 fn chat_prompt_matches_reference() {
-    check_json(&["--prompt", "What is the capital of France?"], "chat_short");
+    check_json(
+        &["--prompt", "What is the capital of France?"],
+        "chat_short",
+    );
 }
 
 #[test]
 fn system_prompt_matches_reference() {
-    check_json(&["--system", "You are a concise assistant. Answer in one sentence.", "--prompt", "Why is the sky blue?"], "chat_system");
+    check_json(
+        &[
+            "--system",
+            "You are a concise assistant. Answer in one sentence.",
+            "--prompt",
+            "Why is the sky blue?",
+        ],
+        "chat_system",
+    );
 }
 
 #[test]
@@ -77,13 +125,23 @@ fn messages_file_matches_reference() {
 fn streamed_text_equals_json_text() {
     let Some(m) = models() else { return };
     let model = m.join("smollm2-135m-instruct-q4_0.gguf");
-    let base = ["--model", model.to_str().unwrap(), "--prompt", "Name three colors.", "--tokens", "20"];
+    let base = [
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        "Name three colors.",
+        "--tokens",
+        "20",
+    ];
     let (ok, streamed, _) = lean(&base);
     assert!(ok);
     let (ok, json, _) = lean(&[&base[..], &["--json"]].concat());
     assert!(ok);
     let out: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
-    assert_eq!(streamed.trim_end_matches('\n'), out["text"].as_str().unwrap());
+    assert_eq!(
+        streamed.trim_end_matches('\n'),
+        out["text"].as_str().unwrap()
+    );
 }
 
 #[test]
@@ -93,7 +151,14 @@ fn bad_input_is_a_clear_error() {
     let Some(m) = models() else { return };
     let model = m.join("smollm2-135m-instruct-q4_0.gguf");
     let model = model.to_str().unwrap();
-    let (ok, _, err) = lean(&["--model", model, "--prompt", &"word ".repeat(100), "--ctx", "32"]);
+    let (ok, _, err) = lean(&[
+        "--model",
+        model,
+        "--prompt",
+        &"word ".repeat(100),
+        "--ctx",
+        "32",
+    ]);
     assert!(!ok && err.contains("32"), "{err}");
     let (ok, _, err) = lean(&["--model", model, "--prompt", "hi", "--top-p", "0"]);
     assert!(!ok && err.contains("top_p"), "{err}");
@@ -102,7 +167,14 @@ fn bad_input_is_a_clear_error() {
     let (ok, _, err) = lean(&["--model", model, "--messages", bad.to_str().unwrap()]);
     assert!(!ok && err.contains("array"), "{err}");
     let _ = std::fs::remove_file(bad);
-    let (ok, _, err) = lean(&["--model", model, "--tokenizer", m.join("qwen2.5-coder-0.5b-instruct").to_str().unwrap(), "--prompt", "hi"]);
+    let (ok, _, err) = lean(&[
+        "--model",
+        model,
+        "--tokenizer",
+        m.join("qwen2.5-coder-0.5b-instruct").to_str().unwrap(),
+        "--prompt",
+        "hi",
+    ]);
     assert!(!ok && err.contains("tokenizer"), "{err}");
 }
 
@@ -110,7 +182,20 @@ fn bad_input_is_a_clear_error() {
 fn bench_reports_json() {
     let Some(m) = models() else { return };
     let model = m.join("smollm2-135m-instruct-q4_0.gguf");
-    let (ok, out, err) = lean(&["bench", "--model", model.to_str().unwrap(), "--prompt-tokens", "16", "--gen-tokens", "4", "--reps", "1", "--warmup", "0", "--json"]);
+    let (ok, out, err) = lean(&[
+        "bench",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt-tokens",
+        "16",
+        "--gen-tokens",
+        "4",
+        "--reps",
+        "1",
+        "--warmup",
+        "0",
+        "--json",
+    ]);
     assert!(ok, "{err}");
     let r: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert!(r["prefill_tokens_per_second"].as_f64().unwrap() > 0.0);

@@ -68,22 +68,26 @@ impl ModelConfig {
         let key = |k: &str| format!("{a}.{k}");
         let n_embd = gguf.u32(&key("embedding_length"))? as usize;
         let n_heads = gguf.u32(&key("attention.head_count"))? as usize;
-        let n_kv_heads = gguf.u32_opt(&key("attention.head_count_kv"))?.map_or(n_heads, |v| v as usize);
-        if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+        let n_kv_heads = gguf
+            .u32_opt(&key("attention.head_count_kv"))?
+            .map_or(n_heads, |v| v as usize);
+        if n_heads == 0 || n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
             return Err(LeanError::Model(format!(
                 "{a}.attention.head_count ({n_heads}) must be a non-zero multiple of head_count_kv ({n_kv_heads})"
             )));
         }
         let head_dim = match gguf.u32_opt(&key("attention.key_length"))? {
             Some(d) => d as usize,
-            None if n_embd % n_heads == 0 => n_embd / n_heads,
+            None if n_embd.is_multiple_of(n_heads) => n_embd / n_heads,
             None => {
                 return Err(LeanError::Model(format!(
                     "{a}.embedding_length ({n_embd}) is not a multiple of head_count ({n_heads})"
                 )))
             }
         };
-        let rope_dim = gguf.u32_opt(&key("rope.dimension_count"))?.map_or(head_dim, |v| v as usize);
+        let rope_dim = gguf
+            .u32_opt(&key("rope.dimension_count"))?
+            .map_or(head_dim, |v| v as usize);
         if rope_dim > head_dim || rope_dim % 2 != 0 || head_dim % 2 != 0 {
             return Err(LeanError::Model(format!(
                 "{a}.rope.dimension_count ({rope_dim}) must be even and at most the head dimension ({head_dim})"
@@ -93,11 +97,16 @@ impl ModelConfig {
             None | Some("none") => 1.0,
             Some("linear") => gguf.f32(&key("rope.scaling.factor"))?,
             Some(other) => {
-                return Err(LeanError::Model(format!("{a}.rope.scaling.type '{other}' is not supported")))
+                return Err(LeanError::Model(format!(
+                    "{a}.rope.scaling.type '{other}' is not supported"
+                )))
             }
         };
         if gguf.tensor("rope_freqs.weight").is_some() {
-            return Err(LeanError::Model("rope frequency factors (rope_freqs.weight, Llama 3.1-style) are not supported".into()));
+            return Err(LeanError::Model(
+                "rope frequency factors (rope_freqs.weight, Llama 3.1-style) are not supported"
+                    .into(),
+            ));
         }
         let vocab_size = gguf
             .tensor("token_embd.weight")
@@ -123,7 +132,9 @@ impl ModelConfig {
             vocab_size,
         };
         if cfg.n_layers == 0 || cfg.n_embd == 0 || cfg.n_ff == 0 {
-            return Err(LeanError::Model(format!("{a}: block_count, embedding_length and feed_forward_length must be non-zero")));
+            return Err(LeanError::Model(format!(
+                "{a}: block_count, embedding_length and feed_forward_length must be non-zero"
+            )));
         }
         Ok(cfg)
     }

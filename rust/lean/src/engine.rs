@@ -29,7 +29,11 @@ pub struct GenerateOptions {
 
 impl Default for GenerateOptions {
     fn default() -> Self {
-        GenerateOptions { max_tokens: 256, sampling: SamplingParams::default(), stop_token_ids: None }
+        GenerateOptions {
+            max_tokens: 256,
+            sampling: SamplingParams::default(),
+            stop_token_ids: None,
+        }
     }
 }
 
@@ -115,11 +119,17 @@ impl Engine {
     pub fn new(model: Model, tokenizer: Tokenizer, context_length: usize) -> Result<Self> {
         tokenizer.check_vocab(&model.vocabulary()?)?;
         if context_length == 0 {
-            return Err(LeanError::InvalidArgument("the context length must be at least 1".into()));
+            return Err(LeanError::InvalidArgument(
+                "the context length must be at least 1".into(),
+            ));
         }
         let ctx = context_length.min(model.config.train_context_length.max(1));
         let session = CpuSession::new(&model, ctx);
-        Ok(Engine { model, tokenizer, session })
+        Ok(Engine {
+            model,
+            tokenizer,
+            session,
+        })
     }
 
     pub fn context_length(&self) -> usize {
@@ -139,33 +149,55 @@ impl Engine {
     }
 
     /// Teacher-forced logits for every position of `ids` (from a fresh context).
-    pub fn logits_all(&mut self, ids: &[u32], on_logits: impl FnMut(usize, &[f32]) + Send) -> Result<()> {
+    pub fn logits_all(
+        &mut self,
+        ids: &[u32],
+        on_logits: impl FnMut(usize, &[f32]) + Send,
+    ) -> Result<()> {
         self.session.truncate(0);
-        self.session.forward(&self.model, ids, Logits::All, on_logits)
+        self.session
+            .forward(&self.model, ids, Logits::All, on_logits)
     }
 
     /// Generates from `prompt`, calling `on_token` for every token; return `false` from it to stop.
-    pub fn generate(&mut self, prompt: &Prompt, options: &GenerateOptions, mut on_token: impl FnMut(&TokenEvent) -> bool) -> Result<Generation> {
+    pub fn generate(
+        &mut self,
+        prompt: &Prompt,
+        options: &GenerateOptions,
+        mut on_token: impl FnMut(&TokenEvent) -> bool,
+    ) -> Result<Generation> {
         let prompt_ids = self.encode(prompt)?;
         if prompt_ids.is_empty() {
             return Err(LeanError::InvalidArgument("the prompt is empty".into()));
         }
         let ctx = self.session.context_length();
         if prompt_ids.len() >= ctx {
-            return Err(LeanError::PromptTooLong { prompt_tokens: prompt_ids.len(), context_length: ctx });
+            return Err(LeanError::PromptTooLong {
+                prompt_tokens: prompt_ids.len(),
+                context_length: ctx,
+            });
         }
         let mut sampler = Sampler::new(options.sampling.clone())?;
-        let stop_ids = options.stop_token_ids.clone().unwrap_or_else(|| self.tokenizer.eos_token_ids());
+        let stop_ids = options
+            .stop_token_ids
+            .clone()
+            .unwrap_or_else(|| self.tokenizer.eos_token_ids());
         let mut decoder = StreamDecoder::new(&self.tokenizer, true);
         let mut seen = prompt_ids.clone();
         let mut generated = Vec::new();
         let mut text = String::new();
-        let mut timings = Timings { prompt_tokens: prompt_ids.len(), ..Default::default() };
+        let mut timings = Timings {
+            prompt_tokens: prompt_ids.len(),
+            ..Default::default()
+        };
 
         self.session.truncate(0);
         let mut logits = vec![0f32; self.model.config.vocab_size];
         let t0 = now();
-        self.session.forward(&self.model, &prompt_ids, Logits::Last, |_, l| logits.copy_from_slice(l))?;
+        self.session
+            .forward(&self.model, &prompt_ids, Logits::Last, |_, l| {
+                logits.copy_from_slice(l)
+            })?;
         timings.prefill_seconds = since(t0);
 
         let t1 = now();
@@ -190,15 +222,27 @@ impl Engine {
             if self.session.position() >= ctx {
                 break FinishReason::ContextFull;
             }
-            self.session.forward(&self.model, &[id], Logits::Last, |_, l| logits.copy_from_slice(l))?;
+            self.session
+                .forward(&self.model, &[id], Logits::Last, |_, l| {
+                    logits.copy_from_slice(l)
+                })?;
         };
         let rest = decoder.finish()?;
         if !rest.is_empty() {
             text.push_str(&rest);
-            on_token(&TokenEvent { id: *generated.last().unwrap_or(&0), text: rest });
+            on_token(&TokenEvent {
+                id: *generated.last().unwrap_or(&0),
+                text: rest,
+            });
         }
         timings.decode_seconds = since(t1);
         timings.generated_tokens = generated.len();
-        Ok(Generation { prompt_ids, token_ids: generated, text, finish_reason: finish, timings })
+        Ok(Generation {
+            prompt_ids,
+            token_ids: generated,
+            text,
+            finish_reason: finish,
+            timings,
+        })
     }
 }

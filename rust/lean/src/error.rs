@@ -10,11 +10,17 @@ pub enum LeanError {
     /// The GGUF is well-formed but is not a model lean can run (architecture, missing tensor, shape).
     Model(String),
     /// The prompt (plus at least one generated token) does not fit in the context window.
-    PromptTooLong { prompt_tokens: usize, context_length: usize },
+    PromptTooLong {
+        prompt_tokens: usize,
+        context_length: usize,
+    },
     /// An argument is out of range (a sampling parameter, a token id, ...).
     InvalidArgument(String),
     /// Reading a file failed.
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 pub type Result<T, E = LeanError> = std::result::Result<T, E>;

@@ -21,7 +21,14 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, repetition_penalty: 1.0, seed: 0 }
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            seed: 0,
+        }
     }
 }
 
@@ -29,7 +36,10 @@ impl SamplingParams {
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(LeanError::InvalidArgument(m));
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return bad(format!("temperature must be a finite number ≥ 0, got {}", self.temperature));
+            return bad(format!(
+                "temperature must be a finite number ≥ 0, got {}",
+                self.temperature
+            ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return bad(format!("top_p must be in (0, 1], got {}", self.top_p));
@@ -38,7 +48,10 @@ impl SamplingParams {
             return bad(format!("min_p must be in [0, 1], got {}", self.min_p));
         }
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
-            return bad(format!("repetition_penalty must be > 0, got {}", self.repetition_penalty));
+            return bad(format!(
+                "repetition_penalty must be > 0, got {}",
+                self.repetition_penalty
+            ));
         }
         Ok(())
     }
@@ -109,7 +122,11 @@ impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Self> {
         params.validate()?;
         let rng = Rng::new(params.seed);
-        Ok(Sampler { params, rng, candidates: Vec::new() })
+        Ok(Sampler {
+            params,
+            rng,
+            candidates: Vec::new(),
+        })
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -126,7 +143,12 @@ impl Sampler {
         // TemperatureLogitsWarper
         let c = &mut self.candidates;
         c.clear();
-        c.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)));
+        c.extend(
+            logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, l / p.temperature)),
+        );
         c.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         // TopKLogitsWarper: keep every token whose logit reaches the k-th largest (ties kept).
         if p.top_k > 0 && p.top_k < c.len() {
@@ -155,7 +177,11 @@ impl Sampler {
         if p.min_p > 0.0 {
             let probs = softmax(c.iter().map(|x| x.1));
             let threshold = p.min_p as f64 * probs[0];
-            let keep = probs.iter().take_while(|&&pr| pr >= threshold).count().max(1);
+            let keep = probs
+                .iter()
+                .take_while(|&&pr| pr >= threshold)
+                .count()
+                .max(1);
             c.truncate(keep);
         }
         let probs = softmax(c.iter().map(|x| x.1));
@@ -198,13 +224,21 @@ mod tests {
         apply_repetition_penalty(&mut l, &[0, 1, 0], 2.0);
         assert_eq!(l, [1.0, -4.0, 1.0]);
         // penalised token 0 (2.0 → 1.0) now ties with 2; greedy takes the first
-        let mut s = sampler(SamplingParams { repetition_penalty: 4.0, ..Default::default() });
+        let mut s = sampler(SamplingParams {
+            repetition_penalty: 4.0,
+            ..Default::default()
+        });
         assert_eq!(s.sample(&mut [2.0, -2.0, 1.0], &[0]), 2);
     }
 
     #[test]
     fn top_k_one_is_greedy() {
-        let mut s = sampler(SamplingParams { temperature: 1.5, top_k: 1, seed: 7, ..Default::default() });
+        let mut s = sampler(SamplingParams {
+            temperature: 1.5,
+            top_k: 1,
+            seed: 7,
+            ..Default::default()
+        });
         for _ in 0..50 {
             assert_eq!(s.sample(&mut [0.1, 0.5, 0.4, 0.45], &[]), 1);
         }
@@ -213,7 +247,12 @@ mod tests {
     #[test]
     fn top_p_keeps_smallest_nucleus() {
         // probs ≈ [0.665, 0.245, 0.090]: top_p 0.7 keeps the first two, never the third
-        let mut s = sampler(SamplingParams { temperature: 1.0, top_p: 0.7, seed: 1, ..Default::default() });
+        let mut s = sampler(SamplingParams {
+            temperature: 1.0,
+            top_p: 0.7,
+            seed: 1,
+            ..Default::default()
+        });
         let mut counts = [0; 3];
         for _ in 0..2000 {
             counts[s.sample(&mut [2.0, 1.0, 0.0], &[]) as usize] += 1;
@@ -225,7 +264,12 @@ mod tests {
     #[test]
     fn min_p_drops_unlikely_tokens() {
         // probs ≈ [0.665, 0.245, 0.090]; min_p 0.2 → threshold 0.133 drops token 2
-        let mut s = sampler(SamplingParams { temperature: 1.0, min_p: 0.2, seed: 3, ..Default::default() });
+        let mut s = sampler(SamplingParams {
+            temperature: 1.0,
+            min_p: 0.2,
+            seed: 3,
+            ..Default::default()
+        });
         for _ in 0..500 {
             assert_ne!(s.sample(&mut [2.0, 1.0, 0.0], &[]), 2);
         }
@@ -234,8 +278,14 @@ mod tests {
     #[test]
     fn sampling_matches_distribution_and_seed_is_deterministic() {
         let draw = |seed| {
-            let mut s = sampler(SamplingParams { temperature: 1.0, seed, ..Default::default() });
-            (0..4000).map(|_| s.sample(&mut [0.0, 2f32.ln(), 0.0], &[])).collect::<Vec<_>>()
+            let mut s = sampler(SamplingParams {
+                temperature: 1.0,
+                seed,
+                ..Default::default()
+            });
+            (0..4000)
+                .map(|_| s.sample(&mut [0.0, 2f32.ln(), 0.0], &[]))
+                .collect::<Vec<_>>()
         };
         let a = draw(42);
         assert_eq!(a, draw(42));
@@ -246,8 +296,20 @@ mod tests {
 
     #[test]
     fn invalid_params_are_rejected() {
-        assert!(Sampler::new(SamplingParams { top_p: 0.0, ..Default::default() }).is_err());
-        assert!(Sampler::new(SamplingParams { temperature: -1.0, ..Default::default() }).is_err());
-        assert!(Sampler::new(SamplingParams { repetition_penalty: 0.0, ..Default::default() }).is_err());
+        assert!(Sampler::new(SamplingParams {
+            top_p: 0.0,
+            ..Default::default()
+        })
+        .is_err());
+        assert!(Sampler::new(SamplingParams {
+            temperature: -1.0,
+            ..Default::default()
+        })
+        .is_err());
+        assert!(Sampler::new(SamplingParams {
+            repetition_penalty: 0.0,
+            ..Default::default()
+        })
+        .is_err());
     }
 }

@@ -8,14 +8,22 @@ pub fn repo_root() -> PathBuf {
 }
 
 pub fn models_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("LEAN_MODELS").map(PathBuf::from).unwrap_or_else(|| repo_root().join("models"));
+    let dir = std::env::var_os("LEAN_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("models"));
     if dir.join("smollm2-135m-instruct-q4_1.gguf").is_file() {
         return Some(dir);
     }
     if std::env::var_os("CI").is_some() {
-        panic!("test models missing in {} (run scripts/fetch-test-models.sh)", dir.display());
+        panic!(
+            "test models missing in {} (run scripts/fetch-test-models.sh)",
+            dir.display()
+        );
     }
-    eprintln!("skipping: test models missing in {} (run scripts/fetch-test-models.sh)", dir.display());
+    eprintln!(
+        "skipping: test models missing in {} (run scripts/fetch-test-models.sh)",
+        dir.display()
+    );
     None
 }
 

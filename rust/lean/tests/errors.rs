@@ -9,28 +9,40 @@ fn load(bytes: Vec<u8>) -> Result<Model, LeanError> {
 
 #[test]
 fn corrupt_and_truncated_files_are_gguf_errors() {
-    let err = load(b"not a gguf file at all".to_vec()).err().expect("rejected");
+    let err = load(b"not a gguf file at all".to_vec())
+        .err()
+        .expect("rejected");
     assert!(matches!(err, LeanError::Gguf(_)), "{err}");
     assert!(err.to_string().contains("magic"), "{err}");
 
-    let Some(models) = common::models_dir() else { return };
+    let Some(models) = common::models_dir() else {
+        return;
+    };
     let bytes = std::fs::read(models.join("smollm2-135m-instruct-q4_0.gguf")).unwrap();
     for cut in [10, 1000, 3_000_000, bytes.len() - 1] {
-        let err = load(bytes[..cut].to_vec()).err().expect("truncated file rejected");
+        let err = load(bytes[..cut].to_vec())
+            .err()
+            .expect("truncated file rejected");
         assert!(matches!(err, LeanError::Gguf(_)), "cut at {cut}: {err}");
     }
 }
 
 #[test]
 fn missing_tensor_and_unknown_architecture_are_named() {
-    let Some(models) = common::models_dir() else { return };
+    let Some(models) = common::models_dir() else {
+        return;
+    };
     let bytes = std::fs::read(models.join("smollm2-135m-instruct-q4_0.gguf")).unwrap();
     let gguf = lean::gguf::Gguf::parse(&bytes).unwrap();
     // Rebuild the file without one tensor / with another architecture name.
     let rebuild = |skip: &str, arch: &str| {
         let mut w = lean::gguf::GgufWriter::new();
         for (k, v) in gguf.metadata.iter() {
-            let v = if k == "general.architecture" { lean::gguf::Value::String(arch.into()) } else { v.clone() };
+            let v = if k == "general.architecture" {
+                lean::gguf::Value::String(arch.into())
+            } else {
+                v.clone()
+            };
             w.add(k, v);
         }
         for t in gguf.tensors.iter().filter(|t| t.name != skip) {
@@ -38,51 +50,98 @@ fn missing_tensor_and_unknown_architecture_are_named() {
         }
         w.finish().unwrap()
     };
-    let err = load(rebuild("blk.7.ffn_up.weight", "llama")).err().expect("missing tensor rejected");
+    let err = load(rebuild("blk.7.ffn_up.weight", "llama"))
+        .err()
+        .expect("missing tensor rejected");
     assert!(err.to_string().contains("blk.7.ffn_up.weight"), "{err}");
-    let err = load(rebuild("", "mamba")).err().expect("unknown architecture rejected");
+    let err = load(rebuild("", "mamba"))
+        .err()
+        .expect("unknown architecture rejected");
     assert!(err.to_string().contains("mamba"), "{err}");
 }
 
 #[test]
 fn a_tokenizer_of_another_model_is_refused() {
-    let Some(models) = common::models_dir() else { return };
+    let Some(models) = common::models_dir() else {
+        return;
+    };
     let model = Model::load_file(&models.join("smollm2-135m-instruct-q4_0.gguf")).unwrap();
     let tokenizer = Tokenizer::from_path(&models.join("qwen2.5-coder-0.5b-instruct")).unwrap();
-    let err = Engine::new(model, tokenizer, 256).err().expect("mismatched tokenizer rejected");
+    let err = Engine::new(model, tokenizer, 256)
+        .err()
+        .expect("mismatched tokenizer rejected");
     assert!(matches!(err, LeanError::Tokenizer(_)), "{err}");
 }
 
 #[test]
 fn oversized_prompt_is_refused_and_engine_stays_usable() {
-    let Some(models) = common::models_dir() else { return };
+    let Some(models) = common::models_dir() else {
+        return;
+    };
     let model = Model::load_file(&models.join("smollm2-135m-instruct-q4_0.gguf")).unwrap();
     let tokenizer = Tokenizer::from_path(&models.join("smollm2-135m-instruct")).unwrap();
     let mut engine = Engine::new(model, tokenizer, 64).unwrap();
-    let options = GenerateOptions { max_tokens: 8, ..Default::default() };
+    let options = GenerateOptions {
+        max_tokens: 8,
+        ..Default::default()
+    };
     let long = Prompt::Raw("word ".repeat(200));
-    let err = engine.generate(&long, &options, |_| true).err().expect("too long");
-    assert!(matches!(err, LeanError::PromptTooLong { context_length: 64, .. }), "{err}");
+    let err = engine
+        .generate(&long, &options, |_| true)
+        .expect_err("too long");
+    assert!(
+        matches!(
+            err,
+            LeanError::PromptTooLong {
+                context_length: 64,
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("64"), "{err}");
-    let err = engine.generate(&Prompt::Ids(vec![1, 999_999]), &options, |_| true).err().expect("bad id");
+    let err = engine
+        .generate(&Prompt::Ids(vec![1, 999_999]), &options, |_| true)
+        .expect_err("bad id");
     assert!(err.to_string().contains("999999"), "{err}");
     // still usable, and the context fills up cleanly instead of overflowing
-    let g = engine.generate(&Prompt::Raw("The quick brown fox".into()), &GenerateOptions { max_tokens: 1000, stop_token_ids: Some(vec![]), ..Default::default() }, |_| true).unwrap();
+    let g = engine
+        .generate(
+            &Prompt::Raw("The quick brown fox".into()),
+            &GenerateOptions {
+                max_tokens: 1000,
+                stop_token_ids: Some(vec![]),
+                ..Default::default()
+            },
+            |_| true,
+        )
+        .unwrap();
     assert_eq!(g.finish_reason, lean::FinishReason::ContextFull);
     assert_eq!(g.prompt_ids.len() + g.token_ids.len(), 64 + 1);
 }
 
 #[test]
 fn cancelling_stops_promptly_and_next_generation_is_exact() {
-    let Some(models) = common::models_dir() else { return };
+    let Some(models) = common::models_dir() else {
+        return;
+    };
     let model = Model::load_file(&models.join("smollm2-135m-instruct-q4_0.gguf")).unwrap();
     let tokenizer = Tokenizer::from_path(&models.join("smollm2-135m-instruct")).unwrap();
     let mut engine = Engine::new(model, tokenizer, 256).unwrap();
     let prompt = Prompt::Raw("Once upon a time".into());
-    let options = GenerateOptions { max_tokens: 12, stop_token_ids: Some(vec![]), ..Default::default() };
+    let options = GenerateOptions {
+        max_tokens: 12,
+        stop_token_ids: Some(vec![]),
+        ..Default::default()
+    };
     let full = engine.generate(&prompt, &options, |_| true).unwrap();
     let mut n = 0;
-    let cut = engine.generate(&prompt, &options, |_| { n += 1; n < 3 }).unwrap();
+    let cut = engine
+        .generate(&prompt, &options, |_| {
+            n += 1;
+            n < 3
+        })
+        .unwrap();
     assert_eq!(cut.finish_reason, lean::FinishReason::Cancelled);
     assert_eq!(cut.token_ids[..], full.token_ids[..3]);
     let again = engine.generate(&prompt, &options, |_| true).unwrap();

@@ -43,15 +43,24 @@ impl Step {
 
 fn engine_for(file: &str) -> Option<(Engine, Fixture)> {
     let models = common::models_dir()?;
-    let fixture_path = common::repo_root().join("fixtures/hf").join(file.replace(".gguf", ".json"));
-    let fixture: Fixture = serde_json::from_slice(&std::fs::read(&fixture_path).expect("fixture")).expect("fixture json");
+    let fixture_path = common::repo_root()
+        .join("fixtures/hf")
+        .join(file.replace(".gguf", ".json"));
+    let fixture: Fixture = serde_json::from_slice(&std::fs::read(&fixture_path).expect("fixture"))
+        .expect("fixture json");
     let model = Model::load_file(&models.join(file)).expect("model loads");
-    let tokenizer = Tokenizer::from_path(&common::tokenizer_dir_for(&models, file)).expect("tokenizer loads");
-    Some((Engine::new(model, tokenizer, 1024).expect("engine"), fixture))
+    let tokenizer =
+        Tokenizer::from_path(&common::tokenizer_dir_for(&models, file)).expect("tokenizer loads");
+    Some((
+        Engine::new(model, tokenizer, 1024).expect("engine"),
+        fixture,
+    ))
 }
 
 fn check_model(file: &str) {
-    let Some((mut engine, fixture)) = engine_for(file) else { return };
+    let Some((mut engine, fixture)) = engine_for(file) else {
+        return;
+    };
     let mut failures = Vec::new();
     let mut worst_logit_error = 0f32;
     for case in &fixture.cases {
@@ -62,24 +71,52 @@ fn check_model(file: &str) {
         // 1. prompt ids, through the tokenizer and chat template
         let ids = engine.encode(&prompt).unwrap();
         if ids != case.prompt_ids {
-            failures.push(format!("{file} {}: prompt ids differ\n  ours {ids:?}\n  ref  {:?}", case.name, case.prompt_ids));
+            failures.push(format!(
+                "{file} {}: prompt ids differ\n  ours {ids:?}\n  ref  {:?}",
+                case.name, case.prompt_ids
+            ));
             continue;
         }
         // 2. greedy generation (no stop tokens, as the reference)
-        let options = GenerateOptions { max_tokens: case.greedy_ids.len(), stop_token_ids: Some(vec![]), ..Default::default() };
-        let generation = engine.generate(&Prompt::Ids(ids.clone()), &options, |_| true).unwrap();
-        if let Some(i) = generation.token_ids.iter().zip(&case.greedy_ids).position(|(a, b)| a != b) {
+        let options = GenerateOptions {
+            max_tokens: case.greedy_ids.len(),
+            stop_token_ids: Some(vec![]),
+            ..Default::default()
+        };
+        let generation = engine
+            .generate(&Prompt::Ids(ids.clone()), &options, |_| true)
+            .unwrap();
+        if let Some(i) = generation
+            .token_ids
+            .iter()
+            .zip(&case.greedy_ids)
+            .position(|(a, b)| a != b)
+        {
             let step = &case.steps[i];
-            let kind = if step.margin() < NEAR_TIE { "near-tie" } else { "REAL MISMATCH" };
+            let kind = if step.margin() < NEAR_TIE {
+                "near-tie"
+            } else {
+                "REAL MISMATCH"
+            };
             failures.push(format!(
                 "{file} {}: greedy step {i}: ours {} ref {} ({kind}: reference margin {:.4}, top ids {:?} logits {:?})",
                 case.name, generation.token_ids[i], case.greedy_ids[i], step.margin(), &step.top_ids[..3], &step.top_logits[..3]
             ));
         } else if generation.token_ids.len() != case.greedy_ids.len() {
-            failures.push(format!("{file} {}: generated {} tokens, expected {}", case.name, generation.token_ids.len(), case.greedy_ids.len()));
+            failures.push(format!(
+                "{file} {}: generated {} tokens, expected {}",
+                case.name,
+                generation.token_ids.len(),
+                case.greedy_ids.len()
+            ));
         }
         // 3. teacher-forced logits at every position of prompt + reference continuation
-        let all: Vec<u32> = case.prompt_ids.iter().chain(&case.greedy_ids).copied().collect();
+        let all: Vec<u32> = case
+            .prompt_ids
+            .iter()
+            .chain(&case.greedy_ids)
+            .copied()
+            .collect();
         let mut first_bad: Option<String> = None;
         engine
             .logits_all(&all, |p, logits| {
@@ -89,12 +126,23 @@ fn check_model(file: &str) {
                     let err = (logits[id as usize] - want).abs();
                     worst_logit_error = worst_logit_error.max(err);
                     if err > LOGIT_TOLERANCE && first_bad.is_none() {
-                        first_bad = Some(format!("position {p}: logit of {id} is {} want {want}", logits[id as usize]));
+                        first_bad = Some(format!(
+                            "position {p}: logit of {id} is {} want {want}",
+                            logits[id as usize]
+                        ));
                     }
                 }
                 if ours_top != r.top_ids[0] && first_bad.is_none() {
-                    let kind = if r.margin() < NEAR_TIE { "near-tie" } else { "REAL MISMATCH" };
-                    first_bad = Some(format!("position {p}: top-1 ours {ours_top} ref {} ({kind}, margin {:.4})", r.top_ids[0], r.margin()));
+                    let kind = if r.margin() < NEAR_TIE {
+                        "near-tie"
+                    } else {
+                        "REAL MISMATCH"
+                    };
+                    first_bad = Some(format!(
+                        "position {p}: top-1 ours {ours_top} ref {} ({kind}, margin {:.4})",
+                        r.top_ids[0],
+                        r.margin()
+                    ));
                 }
             })
             .unwrap();
@@ -102,7 +150,10 @@ fn check_model(file: &str) {
             failures.push(format!("{file} {}: teacher-forced {msg}", case.name));
         }
     }
-    eprintln!("{file}: {} cases, worst teacher-forced logit error {worst_logit_error:.2e}", fixture.cases.len());
+    eprintln!(
+        "{file}: {} cases, worst teacher-forced logit error {worst_logit_error:.2e}",
+        fixture.cases.len()
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

@@ -27,7 +27,13 @@ impl KvCache {
     pub fn new(n_layers: usize, capacity: usize, n_kv_heads: usize, head_dim: usize) -> Self {
         // vec![0.0; n] is a zeroed allocation: pages are committed as positions fill.
         let n = n_layers * n_kv_heads * capacity * head_dim;
-        KvCache { capacity, n_kv_heads, head_dim, k: vec![0.0; n], v: vec![0.0; n] }
+        KvCache {
+            capacity,
+            n_kv_heads,
+            head_dim,
+            k: vec![0.0; n],
+            v: vec![0.0; n],
+        }
     }
 
     pub fn capacity(&self) -> usize {
@@ -59,7 +65,8 @@ impl KvCache {
         let hd = self.head_dim;
         for g in 0..self.n_kv_heads {
             let base = (layer * self.n_kv_heads + g) * self.head_len();
-            self.k[base + pos * hd..base + (pos + 1) * hd].copy_from_slice(&k[g * hd..(g + 1) * hd]);
+            self.k[base + pos * hd..base + (pos + 1) * hd]
+                .copy_from_slice(&k[g * hd..(g + 1) * hd]);
             for d in 0..hd {
                 self.v[base + d * self.capacity + pos] = v[g * hd + d];
             }
@@ -137,7 +144,13 @@ impl CpuSession {
 
     /// Runs `tokens` through the model after the cached positions. Calls `on_logits(i, logits)`
     /// for the last token (or every token with `Logits::All`), i = index in `tokens`.
-    pub fn forward(&mut self, model: &Model, tokens: &[u32], want: Logits, on_logits: impl FnMut(usize, &[f32]) + Send) -> Result<()> {
+    pub fn forward(
+        &mut self,
+        model: &Model,
+        tokens: &[u32],
+        want: Logits,
+        on_logits: impl FnMut(usize, &[f32]) + Send,
+    ) -> Result<()> {
         // The whole pass runs on a pool thread: the caller's thread would otherwise compete for
         // the cores with the pool's spinning workers between parallel kernels.
         #[cfg(feature = "threads")]
@@ -146,24 +159,44 @@ impl CpuSession {
         return self.forward_on_this_thread(model, tokens, want, on_logits);
     }
 
-    fn forward_on_this_thread(&mut self, model: &Model, tokens: &[u32], want: Logits, mut on_logits: impl FnMut(usize, &[f32])) -> Result<()> {
+    fn forward_on_this_thread(
+        &mut self,
+        model: &Model,
+        tokens: &[u32],
+        want: Logits,
+        mut on_logits: impl FnMut(usize, &[f32]),
+    ) -> Result<()> {
         let vocab = model.config.vocab_size;
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(LeanError::InvalidArgument(format!("token id {bad} is outside the vocabulary ({vocab})")));
+            return Err(LeanError::InvalidArgument(format!(
+                "token id {bad} is outside the vocabulary ({vocab})"
+            )));
         }
         if self.pos + tokens.len() > self.kv.capacity() {
-            return Err(LeanError::PromptTooLong { prompt_tokens: self.pos + tokens.len(), context_length: self.kv.capacity() });
+            return Err(LeanError::PromptTooLong {
+                prompt_tokens: self.pos + tokens.len(),
+                context_length: self.kv.capacity(),
+            });
         }
         let mut done = 0;
         for chunk in tokens.chunks(PREFILL_CHUNK) {
             let is_last_chunk = done + chunk.len() == tokens.len();
-            self.forward_chunk(model, chunk, want, is_last_chunk, |i, l| on_logits(done + i, l));
+            self.forward_chunk(model, chunk, want, is_last_chunk, |i, l| {
+                on_logits(done + i, l)
+            });
             done += chunk.len();
         }
         Ok(())
     }
 
-    fn forward_chunk(&mut self, model: &Model, tokens: &[u32], want: Logits, is_last_chunk: bool, mut on_logits: impl FnMut(usize, &[f32])) {
+    fn forward_chunk(
+        &mut self,
+        model: &Model,
+        tokens: &[u32],
+        want: Logits,
+        is_last_chunk: bool,
+        mut on_logits: impl FnMut(usize, &[f32]),
+    ) {
         let c = &model.config;
         let w = &model.weights;
         let n = tokens.len();
@@ -184,7 +217,12 @@ impl CpuSession {
             let q = fit(&mut s.q, n * qd);
             let k = fit(&mut s.k, n * kvd);
             let v = fit(&mut s.v, n * kvd);
-            linears(model, &mut [(&lw.wq, &mut *q), (&lw.wk, &mut *k), (&lw.wv, &mut *v)], h, n);
+            linears(
+                model,
+                &mut [(&lw.wq, &mut *q), (&lw.wk, &mut *k), (&lw.wv, &mut *v)],
+                h,
+                n,
+            );
             for (b, y) in [(&lw.bq, &mut *q), (&lw.bk, &mut *k), (&lw.bv, &mut *v)] {
                 if let Some(b) = b {
                     ops::add_bias(y, b);
@@ -192,8 +230,14 @@ impl CpuSession {
             }
             for t in 0..n {
                 self.rope.apply(&mut q[t * qd..(t + 1) * qd], hd, pos0 + t);
-                self.rope.apply(&mut k[t * kvd..(t + 1) * kvd], hd, pos0 + t);
-                self.kv.store(l, pos0 + t, &k[t * kvd..(t + 1) * kvd], &v[t * kvd..(t + 1) * kvd]);
+                self.rope
+                    .apply(&mut k[t * kvd..(t + 1) * kvd], hd, pos0 + t);
+                self.kv.store(
+                    l,
+                    pos0 + t,
+                    &k[t * kvd..(t + 1) * kvd],
+                    &v[t * kvd..(t + 1) * kvd],
+                );
             }
             let attn = fit(&mut s.attn, n * qd);
             attention(c, &self.kv, l, q, pos0, n, attn, &mut s.attention);
@@ -205,7 +249,12 @@ impl CpuSession {
             ops::rms_norm(&s.x, &lw.ffn_norm, c.rms_eps, h);
             let gate = fit(&mut s.gate, n * ff);
             let up = fit(&mut s.up, n * ff);
-            linears(model, &mut [(&lw.w_gate, &mut *gate), (&lw.w_up, &mut *up)], h, n);
+            linears(
+                model,
+                &mut [(&lw.w_gate, &mut *gate), (&lw.w_up, &mut *up)],
+                h,
+                n,
+            );
             let act = fit(&mut s.act, n * ff);
             ops::silu_mul(gate, up, act);
             let o = fit(&mut s.o, n * e);
@@ -291,7 +340,16 @@ fn f32_bytes(x: &[f32]) -> &[u8] {
 /// Per kv head, the queries of all the heads that share it (and all tokens) form one matrix, so
 /// q·kᵀ and p·v run on lean-quant's f32 kernels (SIMD, threaded).
 #[allow(clippy::too_many_arguments)]
-fn attention(c: &crate::config::ModelConfig, kv: &KvCache, layer: usize, q: &[f32], pos0: usize, n: usize, out: &mut [f32], s: &mut AttentionScratch) {
+fn attention(
+    c: &crate::config::ModelConfig,
+    kv: &KvCache,
+    layer: usize,
+    q: &[f32],
+    pos0: usize,
+    n: usize,
+    out: &mut [f32],
+    s: &mut AttentionScratch,
+) {
     let (hd, qd) = (c.head_dim, c.q_dim());
     let group = c.n_heads / c.n_kv_heads;
     let len = pos0 + n;
@@ -322,7 +380,8 @@ fn attention(c: &crate::config::ModelConfig, kv: &KvCache, layer: usize, q: &[f3
         let vt_all = kv.values_t(layer, g);
         let vt = fit(&mut s.values_t, hd * len);
         for d in 0..hd {
-            vt[d * len..(d + 1) * len].copy_from_slice(&vt_all[d * kv.capacity..d * kv.capacity + len]);
+            vt[d * len..(d + 1) * len]
+                .copy_from_slice(&vt_all[d * kv.capacity..d * kv.capacity + len]);
         }
         let og = fit(&mut s.out, rows * hd);
         lean_quant::matmul(f32t, f32_bytes(vt), hd, len, scores, rows, og);
@@ -337,7 +396,14 @@ fn attention(c: &crate::config::ModelConfig, kv: &KvCache, layer: usize, q: &[f3
 
 /// Attention of one token (decode): every query head in parallel; scores are dots with the key
 /// rows, the output dots of the probabilities with the transposed value rows (no copies).
-fn decode_attention(c: &crate::config::ModelConfig, kv: &KvCache, layer: usize, q: &[f32], pos0: usize, out: &mut [f32]) {
+fn decode_attention(
+    c: &crate::config::ModelConfig,
+    kv: &KvCache,
+    layer: usize,
+    q: &[f32],
+    pos0: usize,
+    out: &mut [f32],
+) {
     let hd = c.head_dim;
     let group = c.n_heads / c.n_kv_heads;
     let len = pos0 + 1;
@@ -348,17 +414,28 @@ fn decode_attention(c: &crate::config::ModelConfig, kv: &KvCache, layer: usize, 
         let keys = kv.keys(layer, g);
         let qh = &q[h * hd..(h + 1) * hd];
         scores.clear();
-        scores.extend(keys[..len * hd].chunks_exact(hd).map(|k| lean_quant::dot(f32t, f32_bytes(k), qh)));
+        scores.extend(
+            keys[..len * hd]
+                .chunks_exact(hd)
+                .map(|k| lean_quant::dot(f32t, f32_bytes(k), qh)),
+        );
         ops::softmax_scaled(scores, scale);
         let vt = kv.values_t(layer, g);
         for (d, od) in o.iter_mut().enumerate() {
-            *od = lean_quant::dot(f32t, f32_bytes(&vt[d * kv.capacity..d * kv.capacity + len]), scores);
+            *od = lean_quant::dot(
+                f32t,
+                f32_bytes(&vt[d * kv.capacity..d * kv.capacity + len]),
+                scores,
+            );
         }
     };
     #[cfg(feature = "threads")]
     {
         use rayon::prelude::*;
-        out[..c.q_dim()].par_chunks_mut(hd).enumerate().for_each_init(Vec::new, |scores, (h, o)| head(h, o, scores));
+        out[..c.q_dim()]
+            .par_chunks_mut(hd)
+            .enumerate()
+            .for_each_init(Vec::new, |scores, (h, o)| head(h, o, scores));
     }
     #[cfg(not(feature = "threads"))]
     {

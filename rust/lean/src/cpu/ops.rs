@@ -76,7 +76,13 @@ impl RopeTable {
                 sin.push(angle.sin());
             }
         }
-        RopeTable { half, cos, sin, style: c.rope_style, rope_dim: c.rope_dim }
+        RopeTable {
+            half,
+            cos,
+            sin,
+            style: c.rope_style,
+            rope_dim: c.rope_dim,
+        }
     }
 
     pub fn positions(&self) -> usize {
@@ -134,7 +140,11 @@ mod tests {
         let inv = 1.0 / ((ms + 1e-5f64).sqrt());
         for i in 0..4 {
             let want = w[i] as f64 * x[i] as f64 * inv;
-            assert!((out[i] as f64 - want).abs() < 1e-6, "{i}: {} vs {want}", out[i]);
+            assert!(
+                (out[i] as f64 - want).abs() < 1e-6,
+                "{i}: {} vs {want}",
+                out[i]
+            );
         }
     }
 
@@ -143,6 +153,9 @@ mod tests {
         // scores 0 and ln(3)/2 scaled by 2: weights 1/4 and 3/4
         let mut x = [0.0f32, 3f32.ln() / 2.0];
         softmax_scaled(&mut x, 2.0);
-        assert!((x[0] - 0.25).abs() < 1e-6 && (x[1] - 0.75).abs() < 1e-6, "{x:?}");
+        assert!(
+            (x[0] - 0.25).abs() < 1e-6 && (x[1] - 0.75).abs() < 1e-6,
+            "{x:?}"
+        );
     }
 }

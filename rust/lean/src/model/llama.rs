@@ -7,6 +7,8 @@ use super::weights::{Loader, Weights};
 use crate::error::Result;
 
 pub(crate) fn load(l: &Loader) -> Result<Weights> {
-    let layers = (0..l.config.n_layers).map(|i| l.layer(i, false)).collect::<Result<Vec<_>>>()?;
+    let layers = (0..l.config.n_layers)
+        .map(|i| l.layer(i, false))
+        .collect::<Result<Vec<_>>>()?;
     l.weights(layers)
 }

@@ -30,7 +30,10 @@ impl ModelBytes {
     /// so peak memory stays close to the file size.
     #[cfg(feature = "mmap")]
     pub fn map_file(path: &std::path::Path) -> Result<Self> {
-        let io = |source| crate::error::LeanError::Io { path: path.display().to_string(), source };
+        let io = |source| crate::error::LeanError::Io {
+            path: path.display().to_string(),
+            source,
+        };
         let file = std::fs::File::open(path).map_err(io)?;
         // SAFETY: the map is read-only; lean never writes through it. A file truncated by another
         // process while mapped would fault, as with any mmap-based loader.
@@ -52,12 +55,21 @@ impl Model {
     pub fn load(bytes: ModelBytes) -> Result<Model> {
         let gguf = Gguf::parse(bytes.as_slice())?;
         let config = ModelConfig::from_gguf(&gguf)?;
-        let loader = weights::Loader { gguf: &gguf, bytes: bytes.as_slice(), config: &config };
+        let loader = weights::Loader {
+            gguf: &gguf,
+            bytes: bytes.as_slice(),
+            config: &config,
+        };
         let weights = match config.arch {
             Architecture::Llama => llama::load(&loader)?,
             Architecture::Qwen2 => qwen2::load(&loader)?,
         };
-        Ok(Model { config, gguf, weights, bytes })
+        Ok(Model {
+            config,
+            gguf,
+            weights,
+            bytes,
+        })
     }
 
     #[cfg(feature = "mmap")]

@@ -54,21 +54,37 @@ impl Loader<'_> {
 
     /// A matrix that must have `cols` elements per row and `rows` rows.
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
-        let t = self.gguf.tensor(name).ok_or_else(|| LeanError::Model(format!("tensor '{name}' is missing")))?;
+        let t = self
+            .gguf
+            .tensor(name)
+            .ok_or_else(|| LeanError::Model(format!("tensor '{name}' is missing")))?;
         if t.dims.len() != 2 || t.row_len() != cols || t.rows() != rows {
             return Err(LeanError::Model(format!(
                 "tensor '{name}' has shape {:?}, expected [{cols}, {rows}]",
                 t.dims
             )));
         }
-        Ok(Matrix { name: name.to_string(), ty: t.ty, rows, cols, offset: t.offset, len: t.size })
+        Ok(Matrix {
+            name: name.to_string(),
+            ty: t.ty,
+            rows,
+            cols,
+            offset: t.offset,
+            len: t.size,
+        })
     }
 
     /// A 1-D tensor of `len` elements, as f32.
     pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
-        let t = self.gguf.tensor(name).ok_or_else(|| LeanError::Model(format!("tensor '{name}' is missing")))?;
+        let t = self
+            .gguf
+            .tensor(name)
+            .ok_or_else(|| LeanError::Model(format!("tensor '{name}' is missing")))?;
         if t.n_elements() != len || t.dims.len() != 1 {
-            return Err(LeanError::Model(format!("tensor '{name}' has shape {:?}, expected [{len}]", t.dims)));
+            return Err(LeanError::Model(format!(
+                "tensor '{name}' has shape {:?}, expected [{len}]",
+                t.dims
+            )));
         }
         let mut out = vec![0f32; len];
         lean_quant::dequantize_row(t.ty, self.gguf.tensor_data(self.bytes, t), &mut out);
@@ -80,7 +96,13 @@ impl Loader<'_> {
         let c = self.config;
         let n = |s: &str| format!("blk.{i}.{s}");
         let (e, q, kv, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
-        let bias = |s: &str, len| if biases { self.vector(&n(s), len).map(Some) } else { Ok(None) };
+        let bias = |s: &str, len| {
+            if biases {
+                self.vector(&n(s), len).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
         Ok(LayerWeights {
             attn_norm: self.vector(&n("attn_norm.weight"), e)?,
             wq: self.matrix(&n("attn_q.weight"), q, e)?,
@@ -106,6 +128,12 @@ impl Loader<'_> {
         } else {
             (token_embd.clone(), true)
         };
-        Ok(Weights { token_embd, layers, output_norm: self.vector("output_norm.weight", c.n_embd)?, output, tied_output })
+        Ok(Weights {
+            token_embd,
+            layers,
+            output_norm: self.vector("output_norm.weight", c.n_embd)?,
+            output,
+            tied_output,
+        })
     }
 }
