@@ -371,11 +371,19 @@ fn attention(
         let keys = &kv.keys(layer, g)[..len * hd];
         let scores = fit(&mut s.scores, rows * len);
         lean_quant::matmul(f32t, f32_bytes(keys), len, hd, qg, rows, scores);
-        for (r, row) in scores.chunks_exact_mut(len).enumerate() {
+        // Causal mask and softmax, row by row (in parallel: a long prompt has many exps).
+        let mask_softmax = |(r, row): (usize, &mut [f32])| {
             let visible = pos0 + r % n + 1;
             ops::softmax_scaled(&mut row[..visible], scale);
             row[visible..].fill(0.0);
+        };
+        #[cfg(feature = "threads")]
+        {
+            use rayon::prelude::*;
+            scores.par_chunks_exact_mut(len).enumerate().for_each(mask_softmax);
         }
+        #[cfg(not(feature = "threads"))]
+        scores.chunks_exact_mut(len).enumerate().for_each(mask_softmax);
         // out = p · v: the transposed value rows, cut to `len` positions
         let vt_all = kv.values_t(layer, g);
         let vt = fit(&mut s.values_t, hd * len);
