@@ -3,6 +3,7 @@
 //! Quants are unpacked to one byte per weight (offsets such as -8 applied in bytes, where they
 //! are exact), widened to i32, converted, then scaled with the scalar dequantizer's f32 ops.
 
+use super::formats::*;
 use super::{k4_scales_mins, pack_columns, q3_k_scales, Gemm, Kernels};
 use crate::TensorType;
 use std::arch::x86_64::*;
@@ -248,33 +249,6 @@ unsafe fn mul<const N: usize>(mut w: [__m256; N], a: __m256) -> [__m256; N] {
     }
     w
 }
-
-#[allow(non_camel_case_types)]
-struct F32;
-#[allow(non_camel_case_types)]
-struct F16;
-#[allow(non_camel_case_types)]
-struct BF16;
-#[allow(non_camel_case_types)]
-struct Q4_0;
-#[allow(non_camel_case_types)]
-struct Q4_1;
-#[allow(non_camel_case_types)]
-struct Q5_0;
-#[allow(non_camel_case_types)]
-struct Q5_1;
-#[allow(non_camel_case_types)]
-struct Q8_0;
-#[allow(non_camel_case_types)]
-struct Q2_K;
-#[allow(non_camel_case_types)]
-struct Q3_K;
-#[allow(non_camel_case_types)]
-struct Q4_K;
-#[allow(non_camel_case_types)]
-struct Q5_K;
-#[allow(non_camel_case_types)]
-struct Q6_K;
 
 impl Decode for F32 {
     const UNIT_BYTES: usize = 128;

@@ -4,6 +4,7 @@
 //! scale: `table[q]` is computed with exactly the scalar dequantizer's f32 operations, so
 //! `vpermps` by the quant yields bit-identical weights for one op per 16 weights.
 
+use super::formats::*;
 use super::{k4_scales_mins, pack_columns, q3_k_scales, Gemm, Kernels};
 use crate::TensorType;
 use std::arch::x86_64::*;
@@ -249,33 +250,6 @@ const IOTA_16: [f32; 16] = iota16(16.0);
 const IOTA_M4: [f32; 16] = iota16(-4.0);
 const IOTA_M8: [f32; 16] = iota16(-8.0);
 const IOTA_M16: [f32; 16] = iota16(-16.0);
-
-#[allow(non_camel_case_types)]
-struct F32;
-#[allow(non_camel_case_types)]
-struct F16;
-#[allow(non_camel_case_types)]
-struct BF16;
-#[allow(non_camel_case_types)]
-struct Q4_0;
-#[allow(non_camel_case_types)]
-struct Q4_1;
-#[allow(non_camel_case_types)]
-struct Q5_0;
-#[allow(non_camel_case_types)]
-struct Q5_1;
-#[allow(non_camel_case_types)]
-struct Q8_0;
-#[allow(non_camel_case_types)]
-struct Q2_K;
-#[allow(non_camel_case_types)]
-struct Q3_K;
-#[allow(non_camel_case_types)]
-struct Q4_K;
-#[allow(non_camel_case_types)]
-struct Q5_K;
-#[allow(non_camel_case_types)]
-struct Q6_K;
 
 impl Decode for F32 {
     const UNIT_BYTES: usize = 128;

@@ -21,6 +21,25 @@ mod neon;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod simd128;
 
+/// One marker type per block format; each ISA module implements its own `Decode` trait for
+/// them, so the format list is written once.
+#[allow(non_camel_case_types, dead_code)]
+mod formats {
+    pub struct F32;
+    pub struct F16;
+    pub struct BF16;
+    pub struct Q4_0;
+    pub struct Q4_1;
+    pub struct Q5_0;
+    pub struct Q5_1;
+    pub struct Q8_0;
+    pub struct Q2_K;
+    pub struct Q3_K;
+    pub struct Q4_K;
+    pub struct Q5_K;
+    pub struct Q6_K;
+}
+
 /// A row dot. Safety: the CPU supports the kernel's ISA, `x.len()` is a whole number of blocks
 /// of `ty` and `row` holds exactly those blocks.
 type DotFn = unsafe fn(ty: TensorType, row: &[u8], x: &[f32]) -> f32;

@@ -4,6 +4,7 @@
 //! Fused decoders for every type but F16, which has no hardware conversion here: it goes
 //! through the scalar dequantizer into a small buffer and a SIMD f32 dot.
 
+use super::formats::*;
 use super::{dot_via_buffer, k4_scales_mins, pack_columns, q3_k_scales, Gemm, Kernels};
 use crate::{scalar, TensorType};
 use core::arch::wasm32::*;
@@ -218,31 +219,6 @@ fn mul(w: &mut [v128], a: f32) {
         *v = f32x4_mul(a, *v);
     }
 }
-
-#[allow(non_camel_case_types)]
-struct F32;
-#[allow(non_camel_case_types)]
-struct BF16;
-#[allow(non_camel_case_types)]
-struct Q4_0;
-#[allow(non_camel_case_types)]
-struct Q4_1;
-#[allow(non_camel_case_types)]
-struct Q5_0;
-#[allow(non_camel_case_types)]
-struct Q5_1;
-#[allow(non_camel_case_types)]
-struct Q8_0;
-#[allow(non_camel_case_types)]
-struct Q2_K;
-#[allow(non_camel_case_types)]
-struct Q3_K;
-#[allow(non_camel_case_types)]
-struct Q4_K;
-#[allow(non_camel_case_types)]
-struct Q5_K;
-#[allow(non_camel_case_types)]
-struct Q6_K;
 
 impl Decode for F32 {
     const UNIT_BYTES: usize = 128;

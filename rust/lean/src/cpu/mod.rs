@@ -380,10 +380,16 @@ fn attention(
         #[cfg(feature = "threads")]
         {
             use rayon::prelude::*;
-            scores.par_chunks_exact_mut(len).enumerate().for_each(mask_softmax);
+            scores
+                .par_chunks_exact_mut(len)
+                .enumerate()
+                .for_each(mask_softmax);
         }
         #[cfg(not(feature = "threads"))]
-        scores.chunks_exact_mut(len).enumerate().for_each(mask_softmax);
+        scores
+            .chunks_exact_mut(len)
+            .enumerate()
+            .for_each(mask_softmax);
         // out = p · v: the transposed value rows, cut to `len` positions
         let vt_all = kv.values_t(layer, g);
         let vt = fit(&mut s.values_t, hd * len);
