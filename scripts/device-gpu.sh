@@ -16,13 +16,14 @@ prepare() {
     set -e
     grep -qx '/.devbin/' .git/info/exclude 2>/dev/null || echo /.devbin/ >>.git/info/exclude
     local target=${CARGO_TARGET_DIR:-/work/cache/target-gpu}
-    (cd rust/lean-gpu && CARGO_TARGET_DIR=$target nice -n 19 cargo test --release --no-run)
+    CARGO_TARGET_DIR=$target nice -n 19 cargo test --release -p lean-gpu --no-run
+    CARGO_TARGET_DIR=$target nice -n 19 cargo build --release -p lean-cli -p lean-gpu --examples --bins
     rm -rf .devbin && mkdir -p .devbin/models
     # the newest build of each test binary (deps/ keeps older hashes too)
     for name in lean_gpu kernels real_models; do
         cp "$(ls -t "$target"/release/deps/$name-* | grep -v '\.d$' | head -1)" .devbin/$name
     done
-    cp "$target/release/examples/gpu_bench" .devbin/
+    cp "$target/release/examples/gpu_bench" "$target/release/lean-cli" .devbin/
     # The header and the first 512 KiB of the first 2-D tensor of each type, as real_models.rs
     # reads them: a few MB instead of the 0.6 GB of files (the carry limit is 64 MiB).
     "${LEAN_PYTHON:-$HOME/.cache/lean/venv/bin/python}" - models .devbin/models <<'EOF'
@@ -85,7 +86,18 @@ run_there() {
         CI=1 .devbin/$t --nocapture --test-threads=1 || status=1
     done
     echo "=== gpu_bench"
-    .devbin/gpu_bench || status=1
+    .devbin/gpu_bench ${GPU_BENCH_ARGS:-} || status=1
+    # Whole-model speed on random weights of real shapes (lean-cli bench --synthetic): prefill
+    # of 512 tokens, decode of 128, on the GPU; JSON lines into $OUT when set.
+    local out=${OUT:-/tmp}
+    for shape in ${SHAPES:-qwen2.5-0.5b smollm2-1.7b qwen2.5-3b smollm2-360m}; do
+        for weights in ${WEIGHTS:-q4_0 q8_0}; do
+            echo "=== bench $shape $weights"
+            .devbin/lean-cli bench --synthetic "$shape" --weights "$weights" --backend gpu \
+                --prompt-tokens 512 --gen-tokens 128 --reps 3 --warmup 1 --json \
+                | tee -a "$out/bench-gpu.jsonl" || status=1
+        done
+    done
     return $status
 }
 

@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # Installs what building and testing lean needs on a fresh Debian machine with rustup:
-# system packages, the wasm32 target. Idempotent and quiet when everything is there.
+# system packages (the browsers and Vulkan drivers of the browser tests included), the wasm32
+# target. Idempotent and quiet when everything is there. (scripts/build.sh installs the nightly
+# toolchain, wasm-bindgen-cli and wasm-opt that the WebAssembly builds need.)
 set -euo pipefail
 need_apt=()
 for cmd in unzip:unzip sha256sum:coreutils cc:gcc pkg-config:pkg-config; do
   command -v "${cmd%%:*}" >/dev/null 2>&1 || need_apt+=("${cmd##*:}")
+done
+# Playwright drives the system's browsers (its own downloads are not used); WebGPU runs on
+# SwiftShader in Chromium and on lavapipe (mesa-vulkan-drivers) in Firefox.
+for pkg in chromium firefox-esr mesa-vulkan-drivers; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' || need_apt+=("$pkg")
 done
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then

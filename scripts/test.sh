@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Runs every test: fetches the test models (cached), then the Rust workspace's tests (unit,
-# kernels vs scalar references, malformed GGUFs, tokenizer/chat vs transformers, greedy and
-# teacher-forced parity with the HF fixtures on all five model files), then checks that the
-# library crates build for wasm32 (+simd128).
+# Runs every test: fetches the test models (cached), then
+#   1. the Rust workspace's tests (unit, kernels vs scalar references, malformed GGUFs,
+#      tokenizer/chat vs transformers, greedy and teacher-forced parity with the HF fixtures on
+#      all five model files on the CPU and on the GPU backend — lavapipe when no GPU is there),
+#   2. a wasm32 (+simd128) check of the library crates,
+#   3. both WebAssembly builds (scripts/build.sh) and lean-js's unit tests (vitest),
+#   4. the browser tests (Playwright: Chromium and Firefox × simd/threads × every model).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export LEAN_MODELS=${LEAN_MODELS:-$PWD/models}
@@ -12,12 +15,25 @@ scripts/fetch-test-models.sh "$LEAN_MODELS"
 
 echo "== cargo test (workspace)"
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+trap 'rm -f "$log" "$log.js" "$log.browser"' EXIT
 cargo test --workspace --locked 2>&1 | tee "$log"
 
 echo "== wasm32 (+simd128) check of the library crates"
 RUSTFLAGS='-C target-feature=+simd128 --cfg getrandom_backend="wasm_js"' \
   cargo check --locked --target wasm32-unknown-unknown -p lean-gguf -p lean-quant -p lean-tokenizer -p lean --no-default-features
+
+echo "== WebAssembly builds and lean-js (vitest)"
+scripts/build.sh
+npm ci --no-audit --no-fund
+npm test 2>&1 | tee "$log.js"
+
+echo "== browsers (Playwright)"
+browser_status=0
+scripts/test-browser.sh 2>&1 | tee "$log.browser" || browser_status=$?
+
 # One closing line over all the test binaries (cargo prints one per binary, the last often a
-# doc-test run with 0 tests).
+# doc-test run with 0 tests), then lean-js's and the browsers'.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "rust: %d passed, %d failed\n", p, f }' "$log"
+grep -E '^ +Tests +' "$log.js" | tail -1 | sed 's/^ */lean-js: /'
+grep -E '^browser: ' "$log.browser" | tail -1
+exit "$browser_status"

@@ -2,10 +2,16 @@
 mod bench;
 
 use clap::{Args, Parser, Subcommand};
-use lean::{ChatMessage, Engine, GenerateOptions, Model, Prompt, SamplingParams, Tokenizer};
+use lean::cpu::CpuSession;
+use lean::{
+    ChatMessage, Engine, GenerateOptions, LeanError, Model, Prompt, SamplingParams, Session,
+    Tokenizer,
+};
+use lean_gpu::{GpuContext, GpuSession, Kernels};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Parser)]
@@ -38,8 +44,8 @@ pub struct Common {
     /// Context length: KV cache positions (capped at the model's).
     #[arg(long, default_value_t = 4096)]
     pub ctx: usize,
-    /// Compute backend.
-    #[arg(long, default_value = "cpu", value_parser = ["cpu"])]
+    /// Compute backend: the CPU (SIMD kernels, threads) or the GPU (wgpu: Vulkan, Metal, DX12).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "gpu"])]
     pub backend: String,
 }
 
@@ -112,6 +118,21 @@ pub fn init_threads(threads: Option<usize>) -> CliResult<usize> {
     Ok(n)
 }
 
+/// A session of the chosen backend for `model` with `context` positions: the CPU, or the GPU
+/// adapter wgpu prefers (its name goes to stderr).
+pub fn new_session(backend: &str, model: &Model, context: usize) -> lean::Result<Box<dyn Session>> {
+    if backend != "gpu" {
+        return Ok(Box::new(CpuSession::new(model, context)));
+    }
+    let gpu_error = |e: lean_gpu::GpuError| LeanError::Backend(format!("GPU: {e}"));
+    let gpu = pollster::block_on(GpuContext::new()).map_err(gpu_error)?;
+    eprintln!("lean: GPU adapter {}", gpu.describe());
+    let kernels = pollster::block_on(Kernels::new(&gpu)).map_err(gpu_error)?;
+    let session =
+        GpuSession::new(Arc::new(gpu), Arc::new(kernels), model, context).map_err(gpu_error)?;
+    Ok(Box::new(session))
+}
+
 pub fn load_model(common: &Common) -> CliResult<(Model, f64)> {
     let path = common.model.as_ref().ok_or("--model is required")?;
     let t = Instant::now();
@@ -143,7 +164,7 @@ fn find_tokenizer(model: &Path) -> Option<PathBuf> {
 }
 
 fn run(args: RunArgs) -> CliResult {
-    let threads = init_threads(args.common.threads)?;
+    init_threads(args.common.threads)?;
     let model_path = args.common.model.clone().ok_or("--model is required")?;
     if !model_path.is_file() {
         return Err(format!("{}: no such model file", model_path.display()).into());
@@ -190,11 +211,16 @@ fn run(args: RunArgs) -> CliResult {
     let tokenizer = Tokenizer::from_path(&tok_path)?;
     let load_seconds = load_seconds + t.elapsed().as_secs_f64();
     eprintln!("lean: {} ({})", model_path.display(), model.describe());
-    let mut engine = Engine::new(model, tokenizer, args.common.ctx)?;
+    let t = Instant::now();
+    let backend = args.common.backend.clone();
+    let mut engine = Engine::with_backend(model, tokenizer, args.common.ctx, |model, context| {
+        new_session(&backend, model, context)
+    })?;
+    let load_seconds = load_seconds + t.elapsed().as_secs_f64();
     eprintln!(
-        "lean: loaded in {:.2}s · backend cpu ({}, {threads} threads) · context {}",
+        "lean: loaded in {:.2}s · backend {} · context {}",
         load_seconds,
-        lean::quant::isa(),
+        engine.backend(),
         engine.context_length()
     );
 

@@ -202,3 +202,50 @@ fn bench_reports_json() {
     assert!(r["decode_tokens_per_second"].as_f64().unwrap() > 0.0);
     assert!(r["peak_rss_bytes"].as_u64().unwrap() > r["file_bytes"].as_u64().unwrap() / 2);
 }
+
+#[test]
+fn bench_synthetic_needs_no_model_file() {
+    let (ok, out, err) = lean(&[
+        "bench",
+        "--synthetic",
+        "smollm2-360m",
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "2",
+        "--reps",
+        "1",
+        "--warmup",
+        "0",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let r: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(r["model"], "synthetic smollm2-360m q4_0");
+    assert_eq!(r["synthetic"]["shape"], "smollm2-360m");
+    assert_eq!(r["synthetic"]["weights"], "q4_0");
+    // 32 layers × (Q, K, V, O, gate, up, down), the 960-wide embedding Q8_0 (not a whole number
+    // of Q6_K blocks), 2 norms per layer + the final one.
+    assert_eq!(
+        r["tensor_types"],
+        serde_json::json!({"Q4_0": 32 * 7, "Q8_0": 1, "F32": 65})
+    );
+    // Per layer 960·960·2 + 960·320·2 + 3·960·2560 weights at 18 bytes per 32; the tied output
+    // head 49152 × 960 at 34 bytes per 32.
+    let layer = (960 * 960 * 2 + 960 * 320 * 2 + 3 * 960 * 2560) / 32 * 18;
+    let head = 49152 * 960 / 32 * 34;
+    assert_eq!(r["weight_bytes_per_token"], 32 * layer + head);
+    let file = r["file_bytes"].as_u64().unwrap();
+    assert!(
+        file > (32 * layer + head) as u64 && file < 240_000_000,
+        "{file}"
+    );
+    assert!(r["prefill_tokens_per_second"].as_f64().unwrap() > 0.0);
+    assert!(r["decode_tokens_per_second"].as_f64().unwrap() > 0.0);
+    assert!(r["decode_weight_gb_per_second"].as_f64().unwrap() > 0.0);
+
+    let (ok, _, err) = lean(&["bench", "--prompt-tokens", "8"]);
+    assert!(!ok && err.contains("--synthetic SHAPE"), "{err}");
+    let (ok, _, err) = lean(&["bench", "--synthetic", "llama-70b"]);
+    assert!(!ok && err.contains("qwen2.5-3b"), "{err}");
+}

@@ -34,7 +34,8 @@ struct PendingTensor {
     name: String,
     ty: TensorType,
     dims: Vec<u64>,
-    data: Vec<u8>,
+    /// `None`: written in place by [`GgufWriter::finish_with`]'s `fill`.
+    data: Option<Vec<u8>>,
 }
 
 impl GgufWriter {
@@ -77,7 +78,25 @@ impl GgufWriter {
             name: name.into(),
             ty,
             dims: dims.to_vec(),
-            data: data.into(),
+            data: Some(data.into()),
+        });
+        self
+    }
+
+    /// Adds a tensor whose bytes [`GgufWriter::finish_with`] writes straight into the file's
+    /// buffer, so that large data (a multi-GB synthetic model) is never held twice. With plain
+    /// [`GgufWriter::finish`] its bytes are zeros.
+    pub fn add_tensor_in_place(
+        &mut self,
+        name: impl Into<String>,
+        ty: TensorType,
+        dims: &[u64],
+    ) -> &mut Self {
+        self.tensors.push(PendingTensor {
+            name: name.into(),
+            ty,
+            dims: dims.to_vec(),
+            data: None,
         });
         self
     }
@@ -96,6 +115,16 @@ impl GgufWriter {
     /// Validates everything added (the same rules [`crate::Gguf::parse`] enforces, plus that
     /// each tensor's data has the right length) and returns the file's bytes.
     pub fn finish(&self) -> Result<Vec<u8>, GgufError> {
+        self.finish_with(|_, _| {})
+    }
+
+    /// Like [`GgufWriter::finish`], then calls `fill(index, data)` for every tensor added with
+    /// [`GgufWriter::add_tensor_in_place`]: `index` is its position in the order tensors were
+    /// added (the parsed file's `tensors` order), `data` its zeroed bytes in the file.
+    pub fn finish_with(
+        &self,
+        mut fill: impl FnMut(usize, &mut [u8]),
+    ) -> Result<Vec<u8>, GgufError> {
         let mut keys = HashSet::with_capacity(self.metadata.len());
         for (key, value) in &self.metadata {
             if !keys.insert(key.as_str()) {
@@ -111,7 +140,8 @@ impl GgufWriter {
         )?;
 
         let mut names = HashSet::with_capacity(self.tensors.len());
-        let mut relative_offsets = Vec::with_capacity(self.tensors.len());
+        // (offset relative to the data section, size) of each tensor.
+        let mut ranges = Vec::with_capacity(self.tensors.len());
         let mut data_len = 0usize;
         for tensor in &self.tensors {
             if !names.insert(tensor.name.as_str()) {
@@ -121,41 +151,68 @@ impl GgufWriter {
             }
             let (_, expected) =
                 tensor_type_and_size(&tensor.name, &tensor.dims, tensor.ty.ggml_id())?;
-            if expected != tensor.data.len() as u64 {
-                return Err(GgufError::TensorDataSize {
-                    tensor: tensor.name.clone(),
-                    expected,
-                    actual: tensor.data.len(),
-                });
+            if let Some(data) = &tensor.data {
+                if expected != data.len() as u64 {
+                    return Err(GgufError::TensorDataSize {
+                        tensor: tensor.name.clone(),
+                        expected,
+                        actual: data.len(),
+                    });
+                }
             }
-            relative_offsets.push(data_len);
-            data_len += tensor.data.len().next_multiple_of(alignment);
+            // wasm32 addresses 4 GiB: the whole file must fit in one buffer.
+            let too_large = || GgufError::TooLargeForPlatform {
+                tensor: tensor.name.clone(),
+                bytes: expected,
+            };
+            let size = usize::try_from(expected).map_err(|_| too_large())?;
+            ranges.push((data_len, size));
+            data_len = size
+                .checked_next_multiple_of(alignment)
+                .and_then(|padded| data_len.checked_add(padded))
+                .ok_or_else(too_large)?;
         }
 
-        let mut out = Vec::new();
-        out.extend_from_slice(b"GGUF");
-        out.extend_from_slice(&3u32.to_le_bytes());
-        put_u64(&mut out, self.tensors.len() as u64);
-        put_u64(&mut out, self.metadata.len() as u64);
+        let mut header = Vec::new();
+        header.extend_from_slice(b"GGUF");
+        header.extend_from_slice(&3u32.to_le_bytes());
+        put_u64(&mut header, self.tensors.len() as u64);
+        put_u64(&mut header, self.metadata.len() as u64);
         for (key, value) in &self.metadata {
-            put_str(&mut out, key);
-            out.extend_from_slice(&value.value_type().id().to_le_bytes());
-            put_value(&mut out, value);
+            put_str(&mut header, key);
+            header.extend_from_slice(&value.value_type().id().to_le_bytes());
+            put_value(&mut header, value);
         }
-        for (tensor, offset) in self.tensors.iter().zip(&relative_offsets) {
-            put_str(&mut out, &tensor.name);
-            out.extend_from_slice(&(tensor.dims.len() as u32).to_le_bytes());
+        for (tensor, (offset, _)) in self.tensors.iter().zip(&ranges) {
+            put_str(&mut header, &tensor.name);
+            header.extend_from_slice(&(tensor.dims.len() as u32).to_le_bytes());
             for &dim in &tensor.dims {
-                put_u64(&mut out, dim);
+                put_u64(&mut header, dim);
             }
-            out.extend_from_slice(&tensor.ty.ggml_id().to_le_bytes());
-            put_u64(&mut out, *offset as u64);
+            header.extend_from_slice(&tensor.ty.ggml_id().to_le_bytes());
+            put_u64(&mut header, *offset as u64);
         }
-        out.reserve(alignment + data_len);
-        out.resize(out.len().next_multiple_of(alignment), 0);
-        for tensor in &self.tensors {
-            out.extend_from_slice(&tensor.data);
-            out.resize(out.len().next_multiple_of(alignment), 0);
+        let data_start = header.len().next_multiple_of(alignment);
+        let total =
+            data_start
+                .checked_add(data_len)
+                .ok_or_else(|| GgufError::TooLargeForPlatform {
+                    tensor: self
+                        .tensors
+                        .last()
+                        .map_or(String::new(), |t| t.name.clone()),
+                    bytes: data_len as u64,
+                })?;
+        // A zeroed allocation: the OS hands out zero pages lazily, so the padding costs nothing
+        // and in-place tensors are touched once, by `fill`.
+        let mut out = vec![0u8; total];
+        out[..header.len()].copy_from_slice(&header);
+        for (index, (tensor, &(offset, size))) in self.tensors.iter().zip(&ranges).enumerate() {
+            let dst = &mut out[data_start + offset..data_start + offset + size];
+            match &tensor.data {
+                Some(data) => dst.copy_from_slice(data),
+                None => fill(index, dst),
+            }
         }
         Ok(out)
     }
@@ -212,5 +269,61 @@ fn put_value(out: &mut Vec<u8>, value: &Value) {
                 put_value(out, item);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Gguf;
+
+    #[test]
+    fn in_place_tensors_are_filled_where_the_parser_finds_them() {
+        let mut writer = GgufWriter::new();
+        writer
+            .add("general.architecture", "llama")
+            .add_tensor_in_place("a", TensorType::Q8_0, &[32, 3])
+            .add_f32_tensor("b", &[3], &[1.0, 2.0, 3.0])
+            .add_tensor_in_place("c", TensorType::F32, &[5]);
+        let mut calls = Vec::new();
+        let bytes = writer
+            .finish_with(|index, data| {
+                calls.push((index, data.len()));
+                assert!(data.iter().all(|&b| b == 0), "handed zeroed bytes");
+                data.fill(index as u8 + 1);
+            })
+            .unwrap();
+        assert_eq!(calls, [(0, 3 * 34), (2, 20)]);
+        let gguf = Gguf::parse(&bytes).unwrap();
+        let data = |name| gguf.tensor_data(&bytes, gguf.tensor(name).unwrap());
+        assert_eq!(data("a"), [1u8; 102]);
+        assert_eq!(data("b"), [1f32, 2.0, 3.0].map(f32::to_le_bytes).concat());
+        assert_eq!(data("c"), [3u8; 20]);
+        // Padding between tensors stays zero.
+        let a = gguf.tensor("a").unwrap();
+        assert!(bytes[a.offset + a.size..gguf.tensor("b").unwrap().offset]
+            .iter()
+            .all(|&b| b == 0));
+        // Without a fill they are zeros, and the layout is the same.
+        let zeros = writer.finish().unwrap();
+        assert_eq!(zeros.len(), bytes.len());
+        let parsed = Gguf::parse(&zeros).unwrap();
+        assert_eq!(parsed.tensors, gguf.tensors);
+        assert!(parsed
+            .tensor_data(&zeros, parsed.tensor("a").unwrap())
+            .iter()
+            .all(|&b| b == 0));
+    }
+
+    #[test]
+    fn in_place_tensor_shape_is_still_checked() {
+        let err = GgufWriter::new()
+            .add_tensor_in_place("w", TensorType::Q4_0, &[31, 2])
+            .finish_with(|_, _| panic!("not filled when invalid"))
+            .unwrap_err();
+        assert!(
+            matches!(err, GgufError::RowNotBlockMultiple { .. }),
+            "{err}"
+        );
     }
 }

@@ -11,7 +11,7 @@
 //! Run: `cargo run --release --example gpu_bench [-- --small]` (`--small`, or a CPU adapter
 //! such as lavapipe, uses shapes a tenth the size and fewer repetitions).
 use lean_gpu::wgpu;
-use lean_gpu::{GpuContext, GpuMatrix, Kernels};
+use lean_gpu::{GpuContext, GpuMatrix, Kernels, Plan};
 use lean_quant::{scalar, TensorType};
 use std::time::Instant;
 
@@ -25,8 +25,20 @@ const MAX_DISPATCHES: u64 = 2000;
 const TRIALS: usize = 3;
 
 /// (rows, cols) of a 3B-class model (Qwen2.5-3B: hidden 2048, FFN 11008, vocab 151936).
-const SHAPES: [(usize, usize); 6] = [(2048, 2048), (2048, 8192), (8192, 2048), (11008, 2048), (2048, 11008), (151936, 2048)];
-const TYPES: [TensorType; 4] = [TensorType::Q4_0, TensorType::Q8_0, TensorType::Q6_K, TensorType::Q4_K];
+const SHAPES: [(usize, usize); 6] = [
+    (2048, 2048),
+    (2048, 8192),
+    (8192, 2048),
+    (11008, 2048),
+    (2048, 11008),
+    (151936, 2048),
+];
+const TYPES: [TensorType; 4] = [
+    TensorType::Q4_0,
+    TensorType::Q8_0,
+    TensorType::Q6_K,
+    TensorType::Q4_K,
+];
 
 /// Sums words of a buffer with a grid-stride loop; the result is written only if it equals
 /// an impossible value, so the loads cannot be dropped and nothing else touches memory.
@@ -62,16 +74,23 @@ struct Timer {
 
 impl Timer {
     fn new(ctx: &GpuContext) -> Self {
-        let queries = ctx.features().contains(wgpu::Features::TIMESTAMP_QUERY).then(|| {
-            let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("bench"), ty: wgpu::QueryType::Timestamp, count: 2 });
-            let resolved = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("timestamps"),
-                size: 16,
-                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
+        let queries = ctx
+            .features()
+            .contains(wgpu::Features::TIMESTAMP_QUERY)
+            .then(|| {
+                let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: Some("bench"),
+                    ty: wgpu::QueryType::Timestamp,
+                    count: 2,
+                });
+                let resolved = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("timestamps"),
+                    size: 16,
+                    usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: false,
+                });
+                (set, resolved)
             });
-            (set, resolved)
-        });
         Timer { queries }
     }
 
@@ -90,8 +109,15 @@ impl Timer {
         let mut encoder = ctx.device.create_command_encoder(&Default::default());
         let stamp = |encoder: &mut wgpu::CommandEncoder, index: u32| {
             if let Some((set, _)) = &self.queries {
-                let writes = wgpu::ComputePassTimestampWrites { query_set: set, beginning_of_pass_write_index: Some(index), end_of_pass_write_index: None };
-                encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: Some(writes) });
+                let writes = wgpu::ComputePassTimestampWrites {
+                    query_set: set,
+                    beginning_of_pass_write_index: Some(index),
+                    end_of_pass_write_index: None,
+                };
+                encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes: Some(writes),
+                });
             }
         };
         stamp(&mut encoder, 0);
@@ -102,16 +128,22 @@ impl Timer {
         }
         let start = Instant::now();
         ctx.queue.submit([encoder.finish()]);
-        ctx.device.poll(wgpu::PollType::wait_indefinitely()).expect("device alive");
+        ctx.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .expect("device alive");
         let wall = start.elapsed().as_secs_f64();
         match &self.queries {
             None => wall,
             Some((_, resolved)) => {
                 let read = ctx.read_bytes(resolved, 16);
-                ctx.device.poll(wgpu::PollType::wait_indefinitely()).expect("device alive");
+                ctx.device
+                    .poll(wgpu::PollType::wait_indefinitely())
+                    .expect("device alive");
                 let bytes = pollster::block_on(read).expect("timestamps");
                 let ticks: &[u64] = bytemuck::cast_slice(&bytes);
-                ticks[1].wrapping_sub(ticks[0]) as f64 * ctx.queue.get_timestamp_period() as f64 * 1e-9
+                ticks[1].wrapping_sub(ticks[0]) as f64
+                    * ctx.queue.get_timestamp_period() as f64
+                    * 1e-9
             }
         }
     }
@@ -119,13 +151,23 @@ impl Timer {
     /// The fastest of `TRIALS` runs after one warm-up.
     fn best(&self, ctx: &GpuContext, mut record: impl FnMut(&mut wgpu::CommandEncoder)) -> f64 {
         self.time(ctx, &mut record);
-        (0..TRIALS).map(|_| self.time(ctx, &mut record)).fold(f64::INFINITY, f64::min)
+        (0..TRIALS)
+            .map(|_| self.time(ctx, &mut record))
+            .fold(f64::INFINITY, f64::min)
     }
 }
 
 /// At least three significant digits: GB/s run from below 1 (lavapipe) to thousands.
 fn three_digits(v: f64) -> String {
-    let decimals = if v >= 100.0 { 0 } else if v >= 10.0 { 1 } else if v >= 1.0 { 2 } else { 3 };
+    let decimals = if v >= 100.0 {
+        0
+    } else if v >= 10.0 {
+        1
+    } else if v >= 1.0 {
+        2
+    } else {
+        3
+    };
     format!("{v:.decimals$}")
 }
 
@@ -146,16 +188,25 @@ fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
 
 /// Uniform in [-0.5, 0.5].
 fn random_floats(n: usize) -> Vec<f32> {
-    random_bytes(n * 4, n as u64).chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().unwrap()) as f32 / u32::MAX as f32 - 0.5).collect()
+    random_bytes(n * 4, n as u64)
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap()) as f32 / u32::MAX as f32 - 0.5)
+        .collect()
 }
 
 /// Random quants with every f16 scale set to 0.01 (F32: values in [-0.5, 0.5]), so the spot
 /// check sees finite values.
 fn random_matrix(ty: TensorType, rows: usize, cols: usize) -> Vec<u8> {
     if ty == TensorType::F32 {
-        return random_floats(rows * cols).iter().flat_map(|v| v.to_le_bytes()).collect();
+        return random_floats(rows * cols)
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
     }
-    let mut w = random_bytes(rows * ty.row_bytes(cols).expect("whole blocks"), rows as u64 ^ cols as u64);
+    let mut w = random_bytes(
+        rows * ty.row_bytes(cols).expect("whole blocks"),
+        rows as u64 ^ cols as u64,
+    );
     let scale_fields: &[usize] = match ty {
         TensorType::Q4_0 | TensorType::Q8_0 => &[0],
         TensorType::Q4_K => &[0, 2],
@@ -172,30 +223,50 @@ fn random_matrix(ty: TensorType, rows: usize, cols: usize) -> Vec<u8> {
 }
 
 fn read_bandwidth(ctx: &GpuContext, timer: &Timer, name: &str, source: &str, bytes: u64) {
-    let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(name), source: wgpu::ShaderSource::Wgsl(source.into()) });
-    let pipeline = ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: Some(name),
-        layout: None,
-        module: &module,
-        entry_point: Some("main"),
-        compilation_options: Default::default(),
-        cache: None,
-    });
+    let module = ctx
+        .device
+        .create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(name),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+    let pipeline = ctx
+        .device
+        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(name),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
     let bytes = bytes.min(ctx.max_binding_bytes() & !15);
-    let src = ctx.device.create_buffer(&wgpu::BufferDescriptor { label: Some("src"), size: bytes, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
+    let src = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("src"),
+        size: bytes,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
     let sink = ctx.storage_f32("sink", 1);
     let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
         label: None,
         layout: &pipeline.get_bind_group_layout(0),
         entries: &[
-            wgpu::BindGroupEntry { binding: 0, resource: src.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 1, resource: sink.as_entire_binding() },
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: src.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: sink.as_entire_binding(),
+            },
         ],
     });
     let reps = 10;
     for loads_per_thread in [4u64, 16, 64] {
         let word_bytes = if source.contains("vec4") { 16 } else { 4 };
-        let groups = (bytes / word_bytes / 256 / loads_per_thread).clamp(1, ctx.limits().max_compute_workgroups_per_dimension as u64) as u32;
+        let groups = (bytes / word_bytes / 256 / loads_per_thread)
+            .clamp(1, ctx.limits().max_compute_workgroups_per_dimension as u64)
+            as u32;
         let seconds = timer.best(ctx, |encoder| {
             for _ in 0..reps {
                 let mut pass = encoder.begin_compute_pass(&Default::default());
@@ -205,32 +276,63 @@ fn read_bandwidth(ctx: &GpuContext, timer: &Timer, name: &str, source: &str, byt
             }
         });
         let gbs = (bytes * reps) as f64 / seconds / 1e9;
-        println!("| {name} | {} MiB | {groups} groups | {:.1} µs | {} |", bytes >> 20, seconds / reps as f64 * 1e6, three_digits(gbs));
+        println!(
+            "| {name} | {} MiB | {groups} groups | {:.1} µs | {} |",
+            bytes >> 20,
+            seconds / reps as f64 * 1e6,
+            three_digits(gbs)
+        );
     }
 }
 
 /// Rows 0 and rows - 1 of one matvec against lean-quant's scalar dequantization.
-fn spot_check(ctx: &GpuContext, ty: TensorType, w: &[u8], rows: usize, cols: usize, x: &[f32], y: &wgpu::Buffer) {
+fn spot_check(
+    ctx: &GpuContext,
+    ty: TensorType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    y: &wgpu::Buffer,
+) {
     let future = ctx.read_f32(y, rows);
-    ctx.device.poll(wgpu::PollType::wait_indefinitely()).expect("device alive");
+    ctx.device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .expect("device alive");
     let got = pollster::block_on(future).expect("readback");
     let row_bytes = ty.row_bytes(cols).unwrap();
     let mut weights = vec![0f32; cols];
     for r in [0, rows - 1] {
         scalar::dequantize(ty, &w[r * row_bytes..(r + 1) * row_bytes], &mut weights);
-        let (want, abs) = weights.iter().zip(x).fold((0f64, 0f64), |(s, a), (&wv, &xv)| (s + wv as f64 * xv as f64, a + (wv as f64 * xv as f64).abs()));
-        assert!((got[r] as f64 - want).abs() <= 1e-5 * abs, "{ty} {rows}x{cols} row {r}: {} vs {want}", got[r]);
+        let (want, abs) = weights
+            .iter()
+            .zip(x)
+            .fold((0f64, 0f64), |(s, a), (&wv, &xv)| {
+                (s + wv as f64 * xv as f64, a + (wv as f64 * xv as f64).abs())
+            });
+        assert!(
+            (got[r] as f64 - want).abs() <= 1e-5 * abs,
+            "{ty} {rows}x{cols} row {r}: {} vs {want}",
+            got[r]
+        );
     }
 }
 
 fn main() {
     let small = std::env::args().any(|a| a == "--small");
-    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let instance =
+        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
     for adapter in pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all())) {
         let i = adapter.get_info();
-        println!("found adapter: {} ({:?}, {:?}, driver {} {})", i.name, i.backend, i.device_type, i.driver, i.driver_info);
+        println!(
+            "found adapter: {} ({:?}, {:?}, driver {} {})",
+            i.name, i.backend, i.device_type, i.driver, i.driver_info
+        );
     }
-    let options = wgpu::RequestAdapterOptions { power_preference: wgpu::PowerPreference::HighPerformance, ..Default::default() };
+    let options = wgpu::RequestAdapterOptions {
+        power_preference: wgpu::PowerPreference::HighPerformance,
+        ..Default::default()
+    };
     let adapter = match pollster::block_on(instance.request_adapter(&options)) {
         Ok(a) => a,
         Err(e) => {
@@ -242,10 +344,18 @@ fn main() {
     let ctx = pollster::block_on(GpuContext::from_adapter(&adapter, timestamps)).expect("device");
     let kernels = pollster::block_on(Kernels::new(&ctx)).expect("kernels compile");
     let small = small || ctx.adapter_info().device_type == wgpu::DeviceType::Cpu;
-    let (run_bytes, rotation_bytes) = if small { (RUN_BYTES_SMALL, ROTATION_BYTES_SMALL) } else { (RUN_BYTES_GPU, ROTATION_BYTES_GPU) };
+    let (run_bytes, rotation_bytes) = if small {
+        (RUN_BYTES_SMALL, ROTATION_BYTES_SMALL)
+    } else {
+        (RUN_BYTES_GPU, ROTATION_BYTES_GPU)
+    };
     let timer = Timer::new(&ctx);
     println!("adapter: {}", ctx.describe());
-    println!("timing: {}; max storage binding {} MiB\n", timer.method(), ctx.max_binding_bytes() >> 20);
+    println!(
+        "timing: {}; max storage binding {} MiB\n",
+        timer.method(),
+        ctx.max_binding_bytes() >> 20
+    );
 
     println!("| read kernel | buffer | dispatch | time/dispatch | GB/s |\n|---|---|---|---|---|");
     let read_bytes = if small { 64 << 20 } else { 2 << 30 };
@@ -255,26 +365,46 @@ fn main() {
     println!("\n| type | rows x cols | weight MB | copies | dispatches | time/dispatch | GB/s |\n|---|---|---|---|---|---|---|");
     // The cost of a dispatch itself (an 8 x 32 matrix); then F32, whose loads are all
     // contiguous, as the skeleton's own streaming rate.
-    let cases = [(TensorType::Q4_0, (8, 32)), (TensorType::F32, (8192, 2048)), (TensorType::F32, (151936, 2048))]
-        .into_iter()
-        .chain(TYPES.into_iter().flat_map(|ty| SHAPES.map(|shape| (ty, shape))));
+    let cases = [
+        (TensorType::Q4_0, (8, 32)),
+        (TensorType::F32, (8192, 2048)),
+        (TensorType::F32, (151936, 2048)),
+    ]
+    .into_iter()
+    .chain(
+        TYPES
+            .into_iter()
+            .flat_map(|ty| SHAPES.map(|shape| (ty, shape))),
+    );
     for (ty, (rows, cols)) in cases {
         let rows = if small && rows > 8 { rows / 10 } else { rows };
         let w = random_matrix(ty, rows, cols);
         let bytes = w.len() as u64;
         let copies = rotation_bytes.div_ceil(bytes).clamp(1, 256) as usize;
-        let matrices: Vec<GpuMatrix> = (0..copies).map(|_| GpuMatrix::upload(&ctx, ty, rows, cols, &w).expect("upload")).collect();
+        let matrices: Vec<GpuMatrix> = (0..copies)
+            .map(|_| GpuMatrix::upload(&ctx, ty, rows, cols, &w).expect("upload"))
+            .collect();
         let x = random_floats(cols);
         let xb = ctx.upload_f32("x", &x);
         let yb = ctx.storage_f32("y", rows);
-        let dispatches = run_bytes.div_ceil(bytes).clamp(copies as u64, MAX_DISPATCHES) as usize;
-        let seconds = timer.best(&ctx, |encoder| {
-            for m in matrices.iter().cycle().take(dispatches) {
-                kernels.matvec(&ctx, encoder, m, &xb, &yb).expect("matvec");
-            }
-        });
+        let dispatches = run_bytes
+            .div_ceil(bytes)
+            .clamp(copies as u64, MAX_DISPATCHES) as usize;
+        // All dispatches recorded into one plan: one compute pass, as a forward pass runs.
+        let mut plan = Plan::new();
+        for m in matrices.iter().cycle().take(dispatches) {
+            kernels
+                .matvec(&ctx, &mut plan, m, &xb, &yb)
+                .expect("matvec");
+        }
+        let seconds = timer.best(&ctx, |encoder| plan.encode(encoder));
         spot_check(&ctx, ty, &w, rows, cols, &x, &yb);
         let per = seconds / dispatches as f64;
-        println!("| {ty} | {rows}x{cols} | {} | {copies} | {dispatches} | {:.1} µs | {} |", three_digits(bytes as f64 / 1e6), per * 1e6, three_digits(bytes as f64 / per / 1e9));
+        println!(
+            "| {ty} | {rows}x{cols} | {} | {copies} | {dispatches} | {:.1} µs | {} |",
+            three_digits(bytes as f64 / 1e6),
+            per * 1e6,
+            three_digits(bytes as f64 / per / 1e9)
+        );
     }
 }

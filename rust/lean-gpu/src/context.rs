@@ -13,10 +13,15 @@ pub struct GpuContext {
     info: wgpu::AdapterInfo,
     limits: wgpu::Limits,
     features: wgpu::Features,
+    /// The first error the device reported outside an error scope (validation, out of
+    /// memory) or its loss: wgpu would panic on those by default; here they are kept and
+    /// returned by `take_error`.
+    failure: Arc<Mutex<Option<String>>>,
 }
 
 /// Features used when present; kernels have fallbacks without them.
-const OPTIONAL_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16.union(wgpu::Features::SUBGROUP);
+const OPTIONAL_FEATURES: wgpu::Features =
+    wgpu::Features::SHADER_F16.union(wgpu::Features::SUBGROUP);
 
 impl GpuContext {
     /// The high-performance adapter of every backend compiled in, with its full limits.
@@ -26,12 +31,16 @@ impl GpuContext {
 
     /// As `new`, failing with `MissingFeatures` unless the adapter has all of `required`.
     pub async fn with_features(required: wgpu::Features) -> Result<Self> {
-        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let options = wgpu::RequestAdapterOptions {
             power_preference: wgpu::PowerPreference::HighPerformance,
             ..Default::default()
         };
-        let adapter = instance.request_adapter(&options).await.map_err(|e| GpuError::NoAdapter(e.to_string()))?;
+        let adapter = instance
+            .request_adapter(&options)
+            .await
+            .map_err(|e| GpuError::NoAdapter(e.to_string()))?;
         Self::from_adapter(&adapter, required).await
     }
 
@@ -51,8 +60,41 @@ impl GpuContext {
             required_limits: limits.clone(),
             ..Default::default()
         };
-        let (device, queue) = adapter.request_device(&descriptor).await.map_err(|e| GpuError::RequestDevice(e.to_string()))?;
-        Ok(GpuContext { device, queue, info: adapter.get_info(), limits, features })
+        let (device, queue) = adapter
+            .request_device(&descriptor)
+            .await
+            .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
+        let failure: Arc<Mutex<Option<String>>> = Arc::default();
+        let record = |failure: &Arc<Mutex<Option<String>>>, message: String| {
+            let mut slot = failure.lock().unwrap_or_else(|e| e.into_inner());
+            slot.get_or_insert(message);
+        };
+        let on_error = failure.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            record(&on_error, e.to_string())
+        }));
+        let on_lost = failure.clone();
+        device.set_device_lost_callback(move |reason, message| {
+            record(&on_lost, format!("device lost ({reason:?}): {message}"))
+        });
+        Ok(GpuContext {
+            device,
+            queue,
+            info: adapter.get_info(),
+            limits,
+            features,
+            failure,
+        })
+    }
+
+    /// The first error the device reported since the last call (out of memory, validation,
+    /// device lost), as `GpuError::Device`.
+    pub fn take_error(&self) -> Result<()> {
+        let mut slot = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        match slot.take() {
+            Some(message) => Err(GpuError::Device(message)),
+            None => Ok(()),
+        }
     }
 
     pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
@@ -62,7 +104,10 @@ impl GpuContext {
     /// One line for logs: adapter name, backend, driver.
     pub fn describe(&self) -> String {
         let i = &self.info;
-        format!("{} ({:?}, {:?}, driver {} {})", i.name, i.backend, i.device_type, i.driver, i.driver_info)
+        format!(
+            "{} ({:?}, {:?}, driver {} {})",
+            i.name, i.backend, i.device_type, i.driver, i.driver_info
+        )
     }
 
     pub fn limits(&self) -> &wgpu::Limits {
@@ -75,7 +120,9 @@ impl GpuContext {
 
     /// Largest byte size one storage binding (hence one weight part) may have.
     pub fn max_binding_bytes(&self) -> u64 {
-        self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size)
+        self.limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size)
     }
 
     /// A storage buffer holding `data`, padded with zero bytes to a multiple of 4 (WGSL reads
@@ -89,11 +136,14 @@ impl GpuContext {
             padded.resize(data.len().next_multiple_of(4).max(4), 0);
             &padded
         };
-        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
-        })
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_DST
+                    | wgpu::BufferUsages::COPY_SRC,
+            })
     }
 
     pub fn upload_f32(&self, label: &str, data: &[f32]) -> wgpu::Buffer {
@@ -105,26 +155,37 @@ impl GpuContext {
         self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: (len.max(1) * 4) as u64,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         })
     }
 
     pub(crate) fn uniform<T: bytemuck::Pod>(&self, label: &str, value: &T) -> wgpu::Buffer {
-        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents: bytemuck::bytes_of(value),
-            usage: wgpu::BufferUsages::UNIFORM,
-        })
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: bytemuck::bytes_of(value),
+                usage: wgpu::BufferUsages::UNIFORM,
+            })
     }
 
     /// Copies the first `len` f32 of `buffer` to the host (after all submitted work).
-    pub fn read_f32(&self, buffer: &wgpu::Buffer, len: usize) -> impl Future<Output = Result<Vec<f32>>> + '_ {
+    pub fn read_f32(
+        &self,
+        buffer: &wgpu::Buffer,
+        len: usize,
+    ) -> impl Future<Output = Result<Vec<f32>>> + '_ {
         let bytes = self.read_bytes(buffer, len * 4);
         async move { Ok(bytemuck::cast_slice(&bytes.await?).to_vec()) }
     }
 
-    pub fn read_u32(&self, buffer: &wgpu::Buffer, len: usize) -> impl Future<Output = Result<Vec<u32>>> + '_ {
+    pub fn read_u32(
+        &self,
+        buffer: &wgpu::Buffer,
+        len: usize,
+    ) -> impl Future<Output = Result<Vec<u32>>> + '_ {
         let bytes = self.read_bytes(buffer, len * 4);
         async move { Ok(bytemuck::cast_slice(&bytes.await?).to_vec()) }
     }
@@ -133,9 +194,16 @@ impl GpuContext {
     /// map request are issued now; the future never blocks: natively it polls the device without
     /// waiting (an executor that wants to sleep meanwhile calls `device.poll(Wait)` itself), in a
     /// browser the map callback comes from the event loop.
-    pub fn read_bytes(&self, buffer: &wgpu::Buffer, len: usize) -> impl Future<Output = Result<Vec<u8>>> + '_ {
+    pub fn read_bytes(
+        &self,
+        buffer: &wgpu::Buffer,
+        len: usize,
+    ) -> impl Future<Output = Result<Vec<u8>>> + '_ {
         let checked = if !len.is_multiple_of(4) || len as u64 > buffer.size() {
-            Err(GpuError::Readback(format!("cannot read {len} bytes from a buffer of {}", buffer.size())))
+            Err(GpuError::Readback(format!(
+                "cannot read {len} bytes from a buffer of {}",
+                buffer.size()
+            )))
         } else {
             Ok(())
         };
@@ -147,7 +215,11 @@ impl GpuContext {
         });
         let state = Arc::new(Mutex::new(MapState::default()));
         if checked.is_ok() && len > 0 {
-            let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
+            let mut encoder = self
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("readback"),
+                });
             encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, len as u64);
             self.queue.submit([encoder.finish()]);
             let callback_state = state.clone();
@@ -164,8 +236,17 @@ impl GpuContext {
             if len == 0 {
                 return Ok(Vec::new());
             }
-            MapFuture { device: &self.device, state }.await.map_err(GpuError::Readback)?;
-            let bytes = staging.slice(..len as u64).get_mapped_range().map_err(|e| GpuError::Readback(e.to_string()))?.to_vec();
+            MapFuture {
+                device: &self.device,
+                state,
+            }
+            .await
+            .map_err(GpuError::Readback)?;
+            let bytes = staging
+                .slice(..len as u64)
+                .get_mapped_range()
+                .map_err(|e| GpuError::Readback(e.to_string()))?
+                .to_vec();
             staging.unmap();
             Ok(bytes)
         }

@@ -20,19 +20,28 @@ pub enum GpuError {
     Shader(String),
     /// Reading a buffer back to the host failed.
     Readback(String),
+    /// The device reported an error (out of memory, validation) or was lost.
+    Device(String),
 }
 
 impl std::fmt::Display for GpuError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             GpuError::NoAdapter(why) => write!(f, "no GPU adapter available: {why}"),
-            GpuError::MissingFeatures(names) => write!(f, "the GPU adapter lacks required features: {names}"),
-            GpuError::RequestDevice(why) => write!(f, "the GPU adapter could not create a device: {why}"),
-            GpuError::UnsupportedType(ty) => write!(f, "the GPU backend has no kernel for {ty} tensors"),
+            GpuError::MissingFeatures(names) => {
+                write!(f, "the GPU adapter lacks required features: {names}")
+            }
+            GpuError::RequestDevice(why) => {
+                write!(f, "the GPU adapter could not create a device: {why}")
+            }
+            GpuError::UnsupportedType(ty) => {
+                write!(f, "the GPU backend has no kernel for {ty} tensors")
+            }
             GpuError::Shape(why) => write!(f, "GPU kernel arguments do not fit: {why}"),
             GpuError::TooLarge(why) => write!(f, "tensor too large for the GPU's limits: {why}"),
             GpuError::Shader(why) => write!(f, "a GPU kernel failed to compile: {why}"),
             GpuError::Readback(why) => write!(f, "reading a GPU buffer back failed: {why}"),
+            GpuError::Device(why) => write!(f, "the GPU device failed: {why}"),
         }
     }
 }

@@ -8,12 +8,14 @@
 //! matvec, `weight_at` for matmul's tiles).
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
+use crate::plan::Plan;
 use crate::weights::GpuMatrix;
 use lean_gguf::TensorType;
 
 const BYTES: &str = include_str!("shaders/bytes.wgsl");
 const MATVEC: &str = include_str!("shaders/matvec.wgsl");
 const MATMUL: &str = include_str!("shaders/matmul.wgsl");
+const EMBED: &str = include_str!("shaders/embed.wgsl");
 /// Rows and tokens per matmul workgroup tile (matmul.wgsl: TILE).
 const MATMUL_TILE: usize = 32;
 /// Rows per matvec workgroup (matvec.wgsl: WORKGROUP / THREADS_PER_ROW).
@@ -45,7 +47,8 @@ struct MatvecParams {
     row_bytes: u32,
     weight_offset: u32,
     first_row: u32,
-    pad: [u32; 3],
+    accumulate: u32,
+    pad: [u32; 2],
 }
 
 #[repr(C)]
@@ -59,6 +62,8 @@ struct MatmulParams {
     n_tokens: u32,
     out_stride: u32,
     row_tiles: u32,
+    accumulate: u32,
+    pad: [u32; 3],
 }
 
 #[repr(C)]
@@ -77,7 +82,7 @@ struct RopeParams {
     n_heads: u32,
     head_dim: u32,
     rope_dim: u32,
-    pos0: u32,
+    pad0: u32,
     neox: u32,
     pad: [u32; 2],
 }
@@ -88,11 +93,46 @@ struct AttentionParams {
     n_heads: u32,
     n_kv_heads: u32,
     head_dim: u32,
-    len: u32,
+    n_tokens: u32,
     capacity: u32,
     cache_offset: u32,
     scale: f32,
-    pad: u32,
+    n_splits: u32,
+    split_len: u32,
+    pad: [u32; 3],
+}
+
+#[repr(C)]
+#[derive(Copy, Clone, bytemuck::Pod, bytemuck::Zeroable)]
+struct CombineParams {
+    n_heads: u32,
+    head_dim: u32,
+    n_tokens: u32,
+    n_splits: u32,
+    split_len: u32,
+    pad: [u32; 3],
+}
+
+#[repr(C)]
+#[derive(Copy, Clone, bytemuck::Pod, bytemuck::Zeroable)]
+struct KvStoreParams {
+    n_tokens: u32,
+    kv_dim: u32,
+    head_dim: u32,
+    capacity: u32,
+    cache_offset: u32,
+    pad: [u32; 3],
+}
+
+#[repr(C)]
+#[derive(Copy, Clone, bytemuck::Pod, bytemuck::Zeroable)]
+struct EmbedParams {
+    n_tokens: u32,
+    cols: u32,
+    row_bytes: u32,
+    first_row: u32,
+    rows: u32,
+    pad: [u32; 3],
 }
 
 #[repr(C)]
@@ -112,33 +152,108 @@ pub enum RopePairing {
     Neox,
 }
 
-/// Shape of one rope dispatch: `n_tokens` rows of `n_heads` heads of `head_dim`, the first
-/// token at position `pos0`.
+/// Shape of one rope dispatch: `n_tokens` rows of `n_heads` heads of `head_dim`; the first
+/// token's position comes from the step buffer at run time, and the table covers `positions`.
 #[derive(Copy, Clone, Debug)]
 pub struct RopeShape {
     pub n_tokens: usize,
     pub n_heads: usize,
     pub head_dim: usize,
     pub rope_dim: usize,
-    pub pos0: usize,
+    pub positions: usize,
     pub pairing: RopePairing,
 }
 
-/// Shape of one decode attention: the cache holds `capacity` positions per kv head, of which
-/// the first `len` are attended to; this layer's keys/values start at element `cache_offset`.
+/// Shape of one causal attention of `n_tokens` new tokens (their positions start at the step
+/// buffer's pos0): the cache holds `capacity` positions per kv head; this layer's keys/values
+/// start at element `cache_offset`.
 #[derive(Copy, Clone, Debug)]
 pub struct AttentionShape {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
-    pub len: usize,
+    pub n_tokens: usize,
     pub capacity: usize,
     pub cache_offset: usize,
 }
 
+/// Largest head_dim of the attention kernel (attention.wgsl: MAX_HEAD_DIM).
+pub const MAX_HEAD_DIM: usize = 256;
+/// Threads of an attention workgroup: positions per chunk (attention.wgsl: WORKGROUP).
+const ATTENTION_CHUNK: usize = 64;
+/// At most this many splits per (token, head): bounds the partials buffer for long contexts.
+const MAX_ATTENTION_SPLITS: usize = 32;
+
+impl AttentionShape {
+    /// (splits, positions per split) of the split-K attention: splits of two chunks, at most
+    /// MAX_ATTENTION_SPLITS of them (longer contexts get longer splits).
+    fn splits(&self) -> (usize, usize) {
+        let n_splits = self
+            .capacity
+            .div_ceil(2 * ATTENTION_CHUNK)
+            .clamp(1, MAX_ATTENTION_SPLITS);
+        let split_len = self
+            .capacity
+            .div_ceil(n_splits)
+            .next_multiple_of(ATTENTION_CHUNK);
+        (n_splits, split_len)
+    }
+
+    /// f32 elements of the partials scratch buffer `attention` needs.
+    pub fn partials_len(&self) -> usize {
+        self.n_tokens * self.n_heads * self.splits().0 * (self.head_dim + 2)
+    }
+}
+
+/// The per-step values of a replayed plan: the position of the first token of the step.
+#[repr(C)]
+#[derive(Copy, Clone, bytemuck::Pod, bytemuck::Zeroable)]
+struct StepValues {
+    pos0: u32,
+    pad: [u32; 3],
+}
+
+/// A uniform buffer with the step values (position of the step's first token), read by rope,
+/// kv_store and attention; rewritten with `set` before each submit of a plan.
+pub struct StepBuffer {
+    buffer: wgpu::Buffer,
+}
+
+impl StepBuffer {
+    pub fn new(ctx: &GpuContext) -> Self {
+        let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("step"),
+            size: std::mem::size_of::<StepValues>() as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        StepBuffer { buffer }
+    }
+
+    /// Queues the write; it lands before any later submit.
+    pub fn set(&self, ctx: &GpuContext, pos0: usize) -> Result<()> {
+        let values = StepValues {
+            pos0: u32_arg("position", pos0)?,
+            pad: [0; 3],
+        };
+        ctx.queue
+            .write_buffer(&self.buffer, 0, bytemuck::bytes_of(&values));
+        Ok(())
+    }
+
+    pub fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+}
+
 /// cos/sin for positions 0..positions and frequencies 0..rope_dim/2, as (cos, sin) pairs,
 /// computed exactly as lean's CPU `RopeTable` (HF's float32 inv_freq and angles).
-pub fn rope_cos_sin(rope_dim: usize, base: f32, linear_factor: f32, positions: usize) -> Vec<[f32; 2]> {
+pub fn rope_cos_sin(
+    rope_dim: usize,
+    base: f32,
+    linear_factor: f32,
+    positions: usize,
+) -> Vec<[f32; 2]> {
     let half = rope_dim / 2;
     let inv_freq: Vec<f32> = (0..half)
         .map(|i| 1.0 / base.powf((2 * i) as f32 / rope_dim as f32) / linear_factor)
@@ -157,31 +272,44 @@ pub fn rope_cos_sin(rope_dim: usize, base: f32, linear_factor: f32, positions: u
 pub struct Kernels {
     matvec: Vec<(TensorType, wgpu::ComputePipeline)>,
     matmul: Vec<(TensorType, wgpu::ComputePipeline)>,
+    embed: Vec<(TensorType, wgpu::ComputePipeline)>,
+    kv_store: wgpu::ComputePipeline,
     rms_norm: wgpu::ComputePipeline,
     rope: wgpu::ComputePipeline,
     attention: wgpu::ComputePipeline,
+    attention_combine: wgpu::ComputePipeline,
     silu_mul: wgpu::ComputePipeline,
     add: wgpu::ComputePipeline,
     argmax: wgpu::ComputePipeline,
 }
 
 fn pipeline(ctx: &GpuContext, label: &str, source: &str) -> wgpu::ComputePipeline {
-    let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some(label),
-        source: wgpu::ShaderSource::Wgsl(source.into()),
-    });
-    ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: Some(label),
-        layout: None,
-        module: &module,
-        entry_point: Some("main"),
-        compilation_options: Default::default(),
-        cache: None,
-    })
+    let module = ctx
+        .device
+        .create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(label),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+    ctx.device
+        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(label),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        })
 }
 
-fn for_type(pipelines: &[(TensorType, wgpu::ComputePipeline)], ty: TensorType) -> Result<&wgpu::ComputePipeline> {
-    pipelines.iter().find(|(t, _)| *t == ty).map(|(_, p)| p).ok_or(GpuError::UnsupportedType(ty))
+fn for_type(
+    pipelines: &[(TensorType, wgpu::ComputePipeline)],
+    ty: TensorType,
+) -> Result<&wgpu::ComputePipeline> {
+    pipelines
+        .iter()
+        .find(|(t, _)| *t == ty)
+        .map(|(_, p)| p)
+        .ok_or(GpuError::UnsupportedType(ty))
 }
 
 fn u32_arg(what: &str, v: usize) -> Result<u32> {
@@ -191,7 +319,10 @@ fn u32_arg(what: &str, v: usize) -> Result<u32> {
 /// Checks that `buffer` holds at least `len` f32.
 fn check_len(what: &str, buffer: &wgpu::Buffer, len: usize) -> Result<()> {
     if (buffer.size() / 4) < len as u64 {
-        return Err(GpuError::Shape(format!("{what} holds {} f32, needs {len}", buffer.size() / 4)));
+        return Err(GpuError::Shape(format!(
+            "{what} holds {} f32, needs {len}",
+            buffer.size() / 4
+        )));
     }
     Ok(())
 }
@@ -215,12 +346,26 @@ impl Kernels {
                 (ty, pipeline(ctx, &format!("matmul_{ty}"), &source))
             })
             .collect();
+        let embed = MATVEC_TYPES
+            .iter()
+            .map(|&(ty, block)| {
+                let source = format!("{BYTES}\n{block}\n{EMBED}");
+                (ty, pipeline(ctx, &format!("embed_{ty}"), &source))
+            })
+            .collect();
         let kernels = Kernels {
             matvec,
             matmul,
+            embed,
+            kv_store: pipeline(ctx, "kv_store", include_str!("shaders/kv_store.wgsl")),
             rms_norm: pipeline(ctx, "rms_norm", include_str!("shaders/rms_norm.wgsl")),
             rope: pipeline(ctx, "rope", include_str!("shaders/rope.wgsl")),
             attention: pipeline(ctx, "attention", include_str!("shaders/attention.wgsl")),
+            attention_combine: pipeline(
+                ctx,
+                "attention_combine",
+                include_str!("shaders/attention_combine.wgsl"),
+            ),
             silu_mul: pipeline(ctx, "silu_mul", include_str!("shaders/silu_mul.wgsl")),
             add: pipeline(ctx, "add", include_str!("shaders/add.wgsl")),
             argmax: pipeline(ctx, "argmax", include_str!("shaders/argmax.wgsl")),
@@ -235,40 +380,80 @@ impl Kernels {
     /// the per-dimension limit; binding i of group 0 is `buffers[i]`, binding 0 the params.
     fn dispatch<P: bytemuck::Pod>(
         ctx: &GpuContext,
-        encoder: &mut wgpu::CommandEncoder,
+        plan: &mut Plan,
         pipeline: &wgpu::ComputePipeline,
         params: &P,
         buffers: &[&wgpu::Buffer],
         groups: u32,
     ) -> Result<()> {
         let max_dim = ctx.limits().max_compute_workgroups_per_dimension.max(1);
-        let (x, y) = if groups <= max_dim { (groups, 1) } else { (max_dim, groups.div_ceil(max_dim)) };
+        let (x, y) = if groups <= max_dim {
+            (groups, 1)
+        } else {
+            (max_dim, groups.div_ceil(max_dim))
+        };
         if y > max_dim {
-            return Err(GpuError::TooLarge(format!("{groups} workgroups exceed the dispatch limit")));
+            return Err(GpuError::TooLarge(format!(
+                "{groups} workgroups exceed the dispatch limit"
+            )));
         }
         let uniform = ctx.uniform("params", params);
-        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() }];
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: uniform.as_entire_binding(),
+        }];
         entries.extend(
             buffers
                 .iter()
                 .enumerate()
-                .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32 + 1, resource: b.as_entire_binding() }),
+                .map(|(i, b)| wgpu::BindGroupEntry {
+                    binding: i as u32 + 1,
+                    resource: b.as_entire_binding(),
+                }),
         );
         let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
             layout: &pipeline.get_bind_group_layout(0),
             entries: &entries,
         });
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
-        pass.set_pipeline(pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
-        pass.dispatch_workgroups(x, y, 1);
+        plan.push_dispatch(pipeline, bind_group, uniform, (x, y));
         Ok(())
     }
 
     /// y = W·x for a weight matrix on the device (`x`: cols f32, `y`: rows f32); one dispatch
     /// per part of a split matrix.
-    pub fn matvec(&self, ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, m: &GpuMatrix, x: &wgpu::Buffer, y: &wgpu::Buffer) -> Result<()> {
+    pub fn matvec(
+        &self,
+        ctx: &GpuContext,
+        plan: &mut Plan,
+        m: &GpuMatrix,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+    ) -> Result<()> {
+        self.matvec_into(ctx, plan, m, x, y, false)
+    }
+
+    /// y += W·x: matvec with the residual add fused in (the same f32 rounding as a separate add).
+    pub fn matvec_add(
+        &self,
+        ctx: &GpuContext,
+        plan: &mut Plan,
+        m: &GpuMatrix,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+    ) -> Result<()> {
+        self.matvec_into(ctx, plan, m, x, y, true)
+    }
+
+    fn matvec_into(
+        &self,
+        ctx: &GpuContext,
+        plan: &mut Plan,
+        m: &GpuMatrix,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        accumulate: bool,
+    ) -> Result<()> {
         let pipeline = for_type(&self.matvec, m.ty())?;
         check_len("matvec x", x, m.cols())?;
         check_len("matvec y", y, m.rows())?;
@@ -279,10 +464,14 @@ impl Kernels {
                 row_bytes: u32_arg("row bytes", m.row_bytes())?,
                 weight_offset: 0,
                 first_row: u32_arg("first row", part.first_row)?,
-                pad: [0; 3],
+                accumulate: accumulate as u32,
+                pad: [0; 2],
             };
-            let groups = u32_arg("matvec workgroups", part.rows.div_ceil(MATVEC_ROWS_PER_GROUP as usize))?;
-            Self::dispatch(ctx, encoder, pipeline, &params, &[&part.buffer, x, y], groups)?;
+            let groups = u32_arg(
+                "matvec workgroups",
+                part.rows.div_ceil(MATVEC_ROWS_PER_GROUP as usize),
+            )?;
+            Self::dispatch(ctx, plan, pipeline, &params, &[&part.buffer, x, y], groups)?;
         }
         Ok(())
     }
@@ -290,7 +479,42 @@ impl Kernels {
     /// Prefill: y = x·Wᵀ for `n_tokens` rows of x (`x`: n_tokens × cols, `y`: n_tokens × rows,
     /// the layout of lean_quant::matmul); one dispatch per part of a split matrix.
     #[allow(clippy::too_many_arguments)]
-    pub fn matmul(&self, ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, m: &GpuMatrix, x: &wgpu::Buffer, y: &wgpu::Buffer, n_tokens: usize) -> Result<()> {
+    pub fn matmul(
+        &self,
+        ctx: &GpuContext,
+        plan: &mut Plan,
+        m: &GpuMatrix,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        n_tokens: usize,
+    ) -> Result<()> {
+        self.matmul_into(ctx, plan, m, x, y, n_tokens, false)
+    }
+
+    /// y += x·Wᵀ: matmul with the residual add fused in.
+    pub fn matmul_add(
+        &self,
+        ctx: &GpuContext,
+        plan: &mut Plan,
+        m: &GpuMatrix,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        n_tokens: usize,
+    ) -> Result<()> {
+        self.matmul_into(ctx, plan, m, x, y, n_tokens, true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_into(
+        &self,
+        ctx: &GpuContext,
+        plan: &mut Plan,
+        m: &GpuMatrix,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        n_tokens: usize,
+        accumulate: bool,
+    ) -> Result<()> {
         let pipeline = for_type(&self.matmul, m.ty())?;
         if n_tokens == 0 {
             return Err(GpuError::Shape("matmul of no tokens".into()));
@@ -308,102 +532,342 @@ impl Kernels {
                 n_tokens: u32_arg("tokens", n_tokens)?,
                 out_stride: u32_arg("rows", m.rows())?,
                 row_tiles: u32_arg("row tiles", row_tiles)?,
+                accumulate: accumulate as u32,
+                pad: [0; 3],
             };
-            let groups = u32_arg("matmul workgroups", row_tiles * n_tokens.div_ceil(MATMUL_TILE))?;
-            Self::dispatch(ctx, encoder, pipeline, &params, &[&part.buffer, x, y], groups)?;
+            let groups = u32_arg(
+                "matmul workgroups",
+                row_tiles * n_tokens.div_ceil(MATMUL_TILE),
+            )?;
+            Self::dispatch(ctx, plan, pipeline, &params, &[&part.buffer, x, y], groups)?;
         }
         Ok(())
     }
 
     /// out = rms_norm(x) · weight for `n_rows` rows of `weight.len()` (= n) elements.
     #[allow(clippy::too_many_arguments)]
-    pub fn rms_norm(&self, ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, x: &wgpu::Buffer, weight: &wgpu::Buffer, out: &wgpu::Buffer, n: usize, n_rows: usize, eps: f32) -> Result<()> {
+    pub fn rms_norm(
+        &self,
+        ctx: &GpuContext,
+        plan: &mut Plan,
+        x: &wgpu::Buffer,
+        weight: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+        n: usize,
+        n_rows: usize,
+        eps: f32,
+    ) -> Result<()> {
         check_len("rms_norm x", x, n * n_rows)?;
         check_len("rms_norm weight", weight, n)?;
         check_len("rms_norm out", out, n * n_rows)?;
-        let params = RmsNormParams { n: u32_arg("n", n)?, n_rows: u32_arg("rows", n_rows)?, eps, pad: 0 };
-        Self::dispatch(ctx, encoder, &self.rms_norm, &params, &[x, weight, out], params.n_rows)
+        let params = RmsNormParams {
+            n: u32_arg("n", n)?,
+            n_rows: u32_arg("rows", n_rows)?,
+            eps,
+            pad: 0,
+        };
+        Self::dispatch(
+            ctx,
+            plan,
+            &self.rms_norm,
+            &params,
+            &[x, weight, out],
+            params.n_rows,
+        )
     }
 
-    /// Rotates `x` in place (`n_tokens × n_heads × head_dim`) with a table from `rope_cos_sin`
-    /// uploaded as `cos_sin` (it must cover positions up to pos0 + n_tokens).
-    pub fn rope(&self, ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, x: &wgpu::Buffer, cos_sin: &wgpu::Buffer, s: RopeShape) -> Result<()> {
+    /// Rotates `x` in place (`n_tokens × n_heads × head_dim`, the first token at the step's
+    /// position) with a table from `rope_cos_sin` for `s.positions` positions as `cos_sin`.
+    pub fn rope(
+        &self,
+        ctx: &GpuContext,
+        plan: &mut Plan,
+        step: &StepBuffer,
+        x: &wgpu::Buffer,
+        cos_sin: &wgpu::Buffer,
+        s: RopeShape,
+    ) -> Result<()> {
         if !s.rope_dim.is_multiple_of(2) || s.rope_dim > s.head_dim {
-            return Err(GpuError::Shape(format!("rope_dim {} must be even and at most head_dim {}", s.rope_dim, s.head_dim)));
+            return Err(GpuError::Shape(format!(
+                "rope_dim {} must be even and at most head_dim {}",
+                s.rope_dim, s.head_dim
+            )));
         }
         let half = s.rope_dim / 2;
         check_len("rope x", x, s.n_tokens * s.n_heads * s.head_dim)?;
-        check_len("rope table", cos_sin, (s.pos0 + s.n_tokens) * half * 2)?;
+        check_len("rope table", cos_sin, s.positions * half * 2)?;
         let params = RopeParams {
             n_tokens: u32_arg("tokens", s.n_tokens)?,
             n_heads: u32_arg("heads", s.n_heads)?,
             head_dim: u32_arg("head_dim", s.head_dim)?,
             rope_dim: u32_arg("rope_dim", s.rope_dim)?,
-            pos0: u32_arg("pos0", s.pos0)?,
+            pad0: 0,
             neox: (s.pairing == RopePairing::Neox) as u32,
             pad: [0; 2],
         };
-        let groups = u32_arg("rope workgroups", (s.n_tokens * s.n_heads * half).div_ceil(ELEMENTWISE_GROUP as usize))?;
-        Self::dispatch(ctx, encoder, &self.rope, &params, &[x, cos_sin], groups)
+        let groups = u32_arg(
+            "rope workgroups",
+            (s.n_tokens * s.n_heads * half).div_ceil(ELEMENTWISE_GROUP as usize),
+        )?;
+        Self::dispatch(
+            ctx,
+            plan,
+            &self.rope,
+            &params,
+            &[step.buffer(), x, cos_sin],
+            groups,
+        )
     }
 
-    /// Decode attention of one token: `q` (n_heads × head_dim) against the first `len` cached
-    /// positions; `scores` is scratch of n_heads × capacity f32; `out` gets n_heads × head_dim.
+    /// Writes `n_tokens` tokens' keys `k` and values `v` (each n_tokens × n_kv_heads × head_dim)
+    /// into the cache buffers at the step's position; the layer starts at `cache_offset`.
     #[allow(clippy::too_many_arguments)]
-    pub fn attention(&self, ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, q: &wgpu::Buffer, keys: &wgpu::Buffer, values: &wgpu::Buffer, scores: &wgpu::Buffer, out: &wgpu::Buffer, s: AttentionShape) -> Result<()> {
-        if s.n_kv_heads == 0 || !s.n_heads.is_multiple_of(s.n_kv_heads) || s.len == 0 || s.len > s.capacity {
-            return Err(GpuError::Shape(format!("attention of {} heads over {} kv heads, {} of {} positions", s.n_heads, s.n_kv_heads, s.len, s.capacity)));
+    pub fn kv_store(
+        &self,
+        ctx: &GpuContext,
+        plan: &mut Plan,
+        step: &StepBuffer,
+        k: &wgpu::Buffer,
+        v: &wgpu::Buffer,
+        keys: &wgpu::Buffer,
+        values: &wgpu::Buffer,
+        s: AttentionShape,
+    ) -> Result<()> {
+        let kv_dim = s.n_kv_heads * s.head_dim;
+        let cache_end = s.cache_offset + kv_dim * s.capacity;
+        check_len("kv_store k", k, s.n_tokens * kv_dim)?;
+        check_len("kv_store v", v, s.n_tokens * kv_dim)?;
+        check_len("kv_store keys", keys, cache_end)?;
+        check_len("kv_store values", values, cache_end)?;
+        let params = KvStoreParams {
+            n_tokens: u32_arg("tokens", s.n_tokens)?,
+            kv_dim: u32_arg("kv dim", kv_dim)?,
+            head_dim: u32_arg("head_dim", s.head_dim)?,
+            capacity: u32_arg("capacity", s.capacity)?,
+            cache_offset: u32_arg("cache offset", s.cache_offset)?,
+            pad: [0; 3],
+        };
+        let groups = u32_arg(
+            "kv_store workgroups",
+            (s.n_tokens * kv_dim).div_ceil(ELEMENTWISE_GROUP as usize),
+        )?;
+        Self::dispatch(
+            ctx,
+            plan,
+            &self.kv_store,
+            &params,
+            &[step.buffer(), k, v, keys, values],
+            groups,
+        )
+    }
+
+    /// Causal attention of `n_tokens` tokens (`q`: n_tokens × n_heads × head_dim, positions
+    /// from the step's pos0) over the cached keys and values (which must already hold them);
+    /// `out` gets the same layout as `q`; `partials` is scratch of `s.partials_len()` f32. Two
+    /// dispatches (split-K, then the combine). The caller keeps pos0 + n_tokens within capacity.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(
+        &self,
+        ctx: &GpuContext,
+        plan: &mut Plan,
+        step: &StepBuffer,
+        q: &wgpu::Buffer,
+        keys: &wgpu::Buffer,
+        values: &wgpu::Buffer,
+        partials: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+        s: AttentionShape,
+    ) -> Result<()> {
+        if s.n_kv_heads == 0
+            || !s.n_heads.is_multiple_of(s.n_kv_heads)
+            || s.n_tokens == 0
+            || s.n_tokens > s.capacity
+        {
+            return Err(GpuError::Shape(format!(
+                "attention of {} tokens, {} heads over {} kv heads, capacity {}",
+                s.n_tokens, s.n_heads, s.n_kv_heads, s.capacity
+            )));
+        }
+        if s.head_dim == 0 || s.head_dim > MAX_HEAD_DIM {
+            return Err(GpuError::Shape(format!(
+                "head_dim {} is not in 1..={MAX_HEAD_DIM}",
+                s.head_dim
+            )));
         }
         let cache_end = s.cache_offset + s.n_kv_heads * s.capacity * s.head_dim;
-        check_len("attention q", q, s.n_heads * s.head_dim)?;
+        check_len("attention q", q, s.n_tokens * s.n_heads * s.head_dim)?;
         check_len("attention keys", keys, cache_end)?;
         check_len("attention values", values, cache_end)?;
-        check_len("attention scores", scores, s.n_heads * s.capacity)?;
-        check_len("attention out", out, s.n_heads * s.head_dim)?;
+        check_len("attention out", out, s.n_tokens * s.n_heads * s.head_dim)?;
+        check_len("attention partials", partials, s.partials_len())?;
+        let (n_splits, split_len) = s.splits();
         let params = AttentionParams {
             n_heads: u32_arg("heads", s.n_heads)?,
             n_kv_heads: u32_arg("kv heads", s.n_kv_heads)?,
             head_dim: u32_arg("head_dim", s.head_dim)?,
-            len: u32_arg("len", s.len)?,
+            n_tokens: u32_arg("tokens", s.n_tokens)?,
             capacity: u32_arg("capacity", s.capacity)?,
             cache_offset: u32_arg("cache offset", s.cache_offset)?,
             scale: 1.0 / (s.head_dim as f32).sqrt(),
-            pad: 0,
+            n_splits: u32_arg("splits", n_splits)?,
+            split_len: u32_arg("split length", split_len)?,
+            pad: [0; 3],
         };
-        if params.n_heads > ctx.limits().max_compute_workgroups_per_dimension {
-            return Err(GpuError::TooLarge(format!("{} heads exceed the dispatch limit", s.n_heads)));
+        let groups = u32_arg("attention workgroups", s.n_tokens * s.n_heads * n_splits)?;
+        Self::dispatch(
+            ctx,
+            plan,
+            &self.attention,
+            &params,
+            &[step.buffer(), q, keys, values, partials],
+            groups,
+        )?;
+        let combine = CombineParams {
+            n_heads: params.n_heads,
+            head_dim: params.head_dim,
+            n_tokens: params.n_tokens,
+            n_splits: params.n_splits,
+            split_len: params.split_len,
+            pad: [0; 3],
+        };
+        let groups = u32_arg("attention workgroups", s.n_tokens * s.n_heads)?;
+        Self::dispatch(
+            ctx,
+            plan,
+            &self.attention_combine,
+            &combine,
+            &[step.buffer(), partials, out],
+            groups,
+        )
+    }
+
+    /// out = rows `ids[t]` of the embedding matrix `m`, dequantized (`ids`: n_tokens u32 on the
+    /// device; `out`: n_tokens × cols). Ids must be below m.rows() (the caller checks them).
+    pub fn embed(
+        &self,
+        ctx: &GpuContext,
+        plan: &mut Plan,
+        m: &GpuMatrix,
+        ids: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+        n_tokens: usize,
+    ) -> Result<()> {
+        let pipeline = for_type(&self.embed, m.ty())?;
+        if (ids.size() / 4) < n_tokens as u64 {
+            return Err(GpuError::Shape(format!(
+                "embed ids hold {} ids, needs {n_tokens}",
+                ids.size() / 4
+            )));
         }
-        Self::dispatch(ctx, encoder, &self.attention, &params, &[q, keys, values, scores, out], params.n_heads)
+        check_len("embed out", out, n_tokens * m.cols())?;
+        for part in m.parts() {
+            let params = EmbedParams {
+                n_tokens: u32_arg("tokens", n_tokens)?,
+                cols: u32_arg("cols", m.cols())?,
+                row_bytes: u32_arg("row bytes", m.row_bytes())?,
+                first_row: u32_arg("first row", part.first_row)?,
+                rows: u32_arg("rows", part.rows)?,
+                pad: [0; 3],
+            };
+            let groups = u32_arg(
+                "embed workgroups",
+                (n_tokens * m.cols()).div_ceil(ELEMENTWISE_GROUP as usize),
+            )?;
+            Self::dispatch(
+                ctx,
+                plan,
+                pipeline,
+                &params,
+                &[&part.buffer, ids, out],
+                groups,
+            )?;
+        }
+        Ok(())
     }
 
     /// out = silu(gate) · up, element-wise over n.
-    pub fn silu_mul(&self, ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, gate: &wgpu::Buffer, up: &wgpu::Buffer, out: &wgpu::Buffer, n: usize) -> Result<()> {
-        for (what, b) in [("silu_mul gate", gate), ("silu_mul up", up), ("silu_mul out", out)] {
+    pub fn silu_mul(
+        &self,
+        ctx: &GpuContext,
+        plan: &mut Plan,
+        gate: &wgpu::Buffer,
+        up: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+        n: usize,
+    ) -> Result<()> {
+        for (what, b) in [
+            ("silu_mul gate", gate),
+            ("silu_mul up", up),
+            ("silu_mul out", out),
+        ] {
             check_len(what, b, n)?;
         }
-        let params = CountParams { n: u32_arg("n", n)?, extra: 0, pad: [0; 2] };
-        Self::dispatch(ctx, encoder, &self.silu_mul, &params, &[gate, up, out], params.n.div_ceil(ELEMENTWISE_GROUP))
+        let params = CountParams {
+            n: u32_arg("n", n)?,
+            extra: 0,
+            pad: [0; 2],
+        };
+        Self::dispatch(
+            ctx,
+            plan,
+            &self.silu_mul,
+            &params,
+            &[gate, up, out],
+            params.n.div_ceil(ELEMENTWISE_GROUP),
+        )
     }
 
     /// x[i] += y[i % y_len] for i < n: the residual add (y_len = n) or a bias per row.
-    pub fn add(&self, ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, x: &wgpu::Buffer, y: &wgpu::Buffer, n: usize, y_len: usize) -> Result<()> {
+    pub fn add(
+        &self,
+        ctx: &GpuContext,
+        plan: &mut Plan,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        n: usize,
+        y_len: usize,
+    ) -> Result<()> {
         if y_len == 0 || !n.is_multiple_of(y_len) {
-            return Err(GpuError::Shape(format!("add: {n} elements are not whole rows of {y_len}")));
+            return Err(GpuError::Shape(format!(
+                "add: {n} elements are not whole rows of {y_len}"
+            )));
         }
         check_len("add x", x, n)?;
         check_len("add y", y, y_len)?;
-        let params = CountParams { n: u32_arg("n", n)?, extra: u32_arg("y_len", y_len)?, pad: [0; 2] };
-        Self::dispatch(ctx, encoder, &self.add, &params, &[x, y], params.n.div_ceil(ELEMENTWISE_GROUP))
+        let params = CountParams {
+            n: u32_arg("n", n)?,
+            extra: u32_arg("y_len", y_len)?,
+            pad: [0; 2],
+        };
+        Self::dispatch(
+            ctx,
+            plan,
+            &self.add,
+            &params,
+            &[x, y],
+            params.n.div_ceil(ELEMENTWISE_GROUP),
+        )
     }
 
     /// result[0] = index of the largest of the first n values (the first on ties).
-    pub fn argmax(&self, ctx: &GpuContext, encoder: &mut wgpu::CommandEncoder, values: &wgpu::Buffer, result: &wgpu::Buffer, n: usize) -> Result<()> {
+    pub fn argmax(
+        &self,
+        ctx: &GpuContext,
+        plan: &mut Plan,
+        values: &wgpu::Buffer,
+        result: &wgpu::Buffer,
+        n: usize,
+    ) -> Result<()> {
         if n == 0 {
             return Err(GpuError::Shape("argmax of no values".into()));
         }
         check_len("argmax values", values, n)?;
         check_len("argmax result", result, 1)?;
-        let params = CountParams { n: u32_arg("n", n)?, extra: 0, pad: [0; 2] };
-        Self::dispatch(ctx, encoder, &self.argmax, &params, &[values, result], 1)
+        let params = CountParams {
+            n: u32_arg("n", n)?,
+            extra: 0,
+            pad: [0; 2],
+        };
+        Self::dispatch(ctx, plan, &self.argmax, &params, &[values, result], 1)
     }
 }

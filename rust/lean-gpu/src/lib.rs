@@ -6,10 +6,17 @@
 mod context;
 mod error;
 mod kernels;
+mod plan;
+mod session;
 mod weights;
 
 pub use context::GpuContext;
 pub use error::{GpuError, Result};
-pub use kernels::{matvec_supports, rope_cos_sin, AttentionShape, Kernels, RopePairing, RopeShape};
+pub use kernels::{
+    matvec_supports, rope_cos_sin, AttentionShape, Kernels, RopePairing, RopeShape, StepBuffer,
+    MAX_HEAD_DIM,
+};
+pub use plan::Plan;
+pub use session::{GpuModel, GpuSession};
 pub use weights::{GpuMatrix, WeightPart};
 pub use wgpu;

@@ -8,7 +8,10 @@
 
 use half::f16;
 use lean_gpu::wgpu;
-use lean_gpu::{rope_cos_sin, AttentionShape, GpuContext, GpuError, GpuMatrix, Kernels, RopePairing, RopeShape};
+use lean_gpu::{
+    rope_cos_sin, AttentionShape, GpuContext, GpuError, GpuMatrix, Kernels, Plan, RopePairing,
+    RopeShape, StepBuffer,
+};
 use lean_quant::{scalar, TensorType};
 use std::sync::OnceLock;
 
@@ -50,13 +53,23 @@ fn f16_fields(ty: TensorType) -> &'static [usize] {
 fn random_matrix(rng: &mut Rng, ty: TensorType, rows: usize, cols: usize) -> Vec<u8> {
     let row_bytes = ty.row_bytes(cols).expect("whole blocks");
     if ty == TensorType::F32 {
-        return rng.floats(rows * cols, 4.0).iter().flat_map(|v| v.to_le_bytes()).collect();
+        return rng
+            .floats(rows * cols, 4.0)
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
     }
-    let mut w: Vec<u8> = (0..rows * row_bytes).map(|_| rng.next_u64() as u8).collect();
+    let mut w: Vec<u8> = (0..rows * row_bytes)
+        .map(|_| rng.next_u64() as u8)
+        .collect();
     for block in w.chunks_exact_mut(ty.block_bytes()) {
         for &at in f16_fields(ty) {
             // one scale in 8 tiny (f16 subnormal range), the rest up to 0.1
-            let scale = if rng.next_u64().is_multiple_of(8) { 1e-6 } else { 0.1 };
+            let scale = if rng.next_u64().is_multiple_of(8) {
+                1e-6
+            } else {
+                0.1
+            };
             block[at..at + 2].copy_from_slice(&f16::from_f32(rng.unit() * scale).to_le_bytes());
         }
     }
@@ -72,7 +85,10 @@ fn gpu() -> Option<&'static (GpuContext, Kernels)> {
             Some((ctx, kernels))
         }
         Err(e) => {
-            assert!(std::env::var_os("CI").is_none(), "CI needs a GPU adapter: {e}");
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI needs a GPU adapter: {e}"
+            );
             eprintln!("skipping GPU tests: {e}");
             None
         }
@@ -80,38 +96,56 @@ fn gpu() -> Option<&'static (GpuContext, Kernels)> {
     .as_ref()
 }
 
-/// Records the commands of `f` into one submission.
-fn submit(ctx: &GpuContext, f: impl FnOnce(&mut wgpu::CommandEncoder) -> lean_gpu::Result<()>) {
-    let mut encoder = ctx.device.create_command_encoder(&Default::default());
-    f(&mut encoder).expect("dispatch accepted");
-    ctx.queue.submit([encoder.finish()]);
+/// Records the commands of `f` into a plan and submits it.
+fn submit(ctx: &GpuContext, f: impl FnOnce(&mut Plan) -> lean_gpu::Result<()>) {
+    let mut plan = Plan::new();
+    f(&mut plan).expect("dispatch accepted");
+    plan.submit(ctx);
 }
 
 fn read_f32(ctx: &GpuContext, buffer: &wgpu::Buffer, len: usize) -> Vec<f32> {
     let future = ctx.read_f32(buffer, len);
     // Tests may block: wait for the copy so the future resolves on its first poll.
-    ctx.device.poll(wgpu::PollType::wait_indefinitely()).expect("device alive");
+    ctx.device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .expect("device alive");
     pollster::block_on(future).expect("readback")
 }
 
 /// f64 reference of W·x from the scalar dequantizer, with sum |w * x| per row.
-fn reference_matvec(ty: TensorType, w: &[u8], rows: usize, cols: usize, x: &[f32]) -> Vec<(f64, f64)> {
+fn reference_matvec(
+    ty: TensorType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+) -> Vec<(f64, f64)> {
     let row_bytes = ty.row_bytes(cols).unwrap();
     let mut weights = vec![0f32; cols];
     (0..rows)
         .map(|r| {
             scalar::dequantize(ty, &w[r * row_bytes..(r + 1) * row_bytes], &mut weights);
-            weights.iter().zip(x).fold((0.0, 0.0), |(s, a), (&wv, &xv)| {
-                let p = wv as f64 * xv as f64;
-                (s + p, a + p.abs())
-            })
+            weights
+                .iter()
+                .zip(x)
+                .fold((0.0, 0.0), |(s, a), (&wv, &xv)| {
+                    let p = wv as f64 * xv as f64;
+                    (s + p, a + p.abs())
+                })
         })
         .collect()
 }
 
 /// matvec (n_tokens = None) or matmul of n tokens against the reference, optionally with the
 /// weights split into parts of at most `max_part_bytes`.
-fn check_linear(ty: TensorType, rows: usize, cols: usize, n_tokens: Option<usize>, max_part_bytes: Option<u64>, seed: u64) {
+fn check_linear(
+    ty: TensorType,
+    rows: usize,
+    cols: usize,
+    n_tokens: Option<usize>,
+    max_part_bytes: Option<u64>,
+    seed: u64,
+) {
     let Some((ctx, kernels)) = gpu() else { return };
     let mut rng = Rng(seed);
     let w = random_matrix(&mut rng, ty, rows, cols);
@@ -123,8 +157,14 @@ fn check_linear(ty: TensorType, rows: usize, cols: usize, n_tokens: Option<usize
     }
     .expect("upload");
     if let Some(limit) = max_part_bytes {
-        assert!(m.parts().len() > 1, "{ty}: a limit of {limit} bytes should split {rows} rows");
-        assert!(m.parts().iter().all(|p| p.buffer.size() <= limit), "{ty}: a part exceeds {limit} bytes");
+        assert!(
+            m.parts().len() > 1,
+            "{ty}: a limit of {limit} bytes should split {rows} rows"
+        );
+        assert!(
+            m.parts().iter().all(|p| p.buffer.size() <= limit),
+            "{ty}: a part exceeds {limit} bytes"
+        );
     }
     let xb = ctx.upload_f32("x", &x);
     let yb = ctx.storage_f32("y", n * rows);
@@ -135,7 +175,11 @@ fn check_linear(ty: TensorType, rows: usize, cols: usize, n_tokens: Option<usize
     let y = read_f32(ctx, &yb, n * rows);
     for t in 0..n {
         let want_row = reference_matvec(ty, &w, rows, cols, &x[t * cols..(t + 1) * cols]);
-        for (r, (&got, &(want, abs))) in y[t * rows..(t + 1) * rows].iter().zip(&want_row).enumerate() {
+        for (r, (&got, &(want, abs))) in y[t * rows..(t + 1) * rows]
+            .iter()
+            .zip(&want_row)
+            .enumerate()
+        {
             let err = (got as f64 - want).abs();
             assert!(err <= TOLERANCE * abs + 1e-30, "{ty} {rows}x{cols} token {t}/{n_tokens:?} row {r}: {got} vs {want} (sum |wx| {abs})");
         }
@@ -146,8 +190,14 @@ fn check_matvec(ty: TensorType, rows: usize, cols: usize, max_part_bytes: Option
     check_linear(ty, rows, cols, None, max_part_bytes, seed);
 }
 
-const QUANT_TYPES: [TensorType; 6] =
-    [TensorType::Q4_0, TensorType::Q4_1, TensorType::Q5_0, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q6_K];
+const QUANT_TYPES: [TensorType; 6] = [
+    TensorType::Q4_0,
+    TensorType::Q4_1,
+    TensorType::Q5_0,
+    TensorType::Q8_0,
+    TensorType::Q4_K,
+    TensorType::Q6_K,
+];
 
 #[test]
 fn matvec_one_block_rows() {
@@ -206,22 +256,83 @@ fn matmul_split_across_bindings() {
     }
 }
 
+/// matvec_add / matmul_add: y += W·x, exactly the separate product then an f32 add.
+#[test]
+fn linear_add_fuses_the_residual() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut rng = Rng(180);
+    let (ty, rows, cols) = (TensorType::Q4_0, 45, 96);
+    let w = random_matrix(&mut rng, ty, rows, cols);
+    let m = GpuMatrix::upload_split(
+        ctx,
+        ty,
+        rows,
+        cols,
+        &w,
+        (ty.row_bytes(cols).unwrap() * 20) as u64,
+    )
+    .unwrap();
+    for n in [1, 7] {
+        let x = ctx.upload_f32("x", &rng.floats(n * cols, 1.0));
+        let residual = rng.floats(n * rows, 3.0);
+        let (plain, fused) = (
+            ctx.storage_f32("plain", n * rows),
+            ctx.upload_f32("fused", &residual),
+        );
+        submit(ctx, |p| match n {
+            1 => kernels
+                .matvec(ctx, p, &m, &x, &plain)
+                .and_then(|_| kernels.matvec_add(ctx, p, &m, &x, &fused)),
+            _ => kernels
+                .matmul(ctx, p, &m, &x, &plain, n)
+                .and_then(|_| kernels.matmul_add(ctx, p, &m, &x, &fused, n)),
+        });
+        let product = read_f32(ctx, &plain, n * rows);
+        let want: Vec<f32> = residual.iter().zip(&product).map(|(r, p)| r + p).collect();
+        assert_eq!(read_f32(ctx, &fused, n * rows), want, "{n} tokens");
+    }
+}
+
 #[test]
 fn matvec_rejects_bad_input_without_panicking() {
     let Some((ctx, kernels)) = gpu() else { return };
     let ty = TensorType::Q4_0;
     let w = vec![0u8; 18 * 4];
-    assert!(matches!(GpuMatrix::upload(ctx, ty, 4, 33, &w), Err(GpuError::Shape(_))), "partial block");
-    assert!(matches!(GpuMatrix::upload(ctx, ty, 5, 32, &w), Err(GpuError::Shape(_))), "short data");
-    assert!(matches!(GpuMatrix::upload_split(ctx, ty, 4, 32, &w, 16), Err(GpuError::TooLarge(_))), "row over limit");
+    assert!(
+        matches!(
+            GpuMatrix::upload(ctx, ty, 4, 33, &w),
+            Err(GpuError::Shape(_))
+        ),
+        "partial block"
+    );
+    assert!(
+        matches!(
+            GpuMatrix::upload(ctx, ty, 5, 32, &w),
+            Err(GpuError::Shape(_))
+        ),
+        "short data"
+    );
+    assert!(
+        matches!(
+            GpuMatrix::upload_split(ctx, ty, 4, 32, &w, 16),
+            Err(GpuError::TooLarge(_))
+        ),
+        "row over limit"
+    );
     let m = GpuMatrix::upload(ctx, ty, 4, 32, &w).unwrap();
-    let mut encoder = ctx.device.create_command_encoder(&Default::default());
+    let mut plan = Plan::new();
     let short = ctx.storage_f32("x", 31);
     let y = ctx.storage_f32("y", 4);
-    assert!(matches!(kernels.matvec(ctx, &mut encoder, &m, &short, &y), Err(GpuError::Shape(_))));
+    assert!(matches!(
+        kernels.matvec(ctx, &mut plan, &m, &short, &y),
+        Err(GpuError::Shape(_))
+    ));
     let q2k = GpuMatrix::upload(ctx, TensorType::Q2_K, 1, 256, &[0u8; 84]).unwrap();
     let x = ctx.storage_f32("x", 256);
-    assert_eq!(kernels.matvec(ctx, &mut encoder, &q2k, &x, &y).err(), Some(GpuError::UnsupportedType(TensorType::Q2_K)));
+    assert_eq!(
+        kernels.matvec(ctx, &mut plan, &q2k, &x, &y).err(),
+        Some(GpuError::UnsupportedType(TensorType::Q2_K))
+    );
 }
 
 #[test]
@@ -231,8 +342,14 @@ fn rms_norm_matches_hf() {
     for (n, rows) in [(1, 1), (576, 3), (1000, 2)] {
         let x = rng.floats(n * rows, 3.0);
         let w = rng.floats(n, 2.0);
-        let (xb, wb, ob) = (ctx.upload_f32("x", &x), ctx.upload_f32("w", &w), ctx.storage_f32("out", n * rows));
-        submit(ctx, |e| kernels.rms_norm(ctx, e, &xb, &wb, &ob, n, rows, 1e-5));
+        let (xb, wb, ob) = (
+            ctx.upload_f32("x", &x),
+            ctx.upload_f32("w", &w),
+            ctx.storage_f32("out", n * rows),
+        );
+        submit(ctx, |e| {
+            kernels.rms_norm(ctx, e, &xb, &wb, &ob, n, rows, 1e-5)
+        });
         let out = read_f32(ctx, &ob, n * rows);
         for r in 0..rows {
             let xr = &x[r * n..(r + 1) * n];
@@ -241,16 +358,19 @@ fn rms_norm_matches_hf() {
             for i in 0..n {
                 let want = w[i] as f64 * (xr[i] as f64 * inv);
                 let got = out[r * n + i] as f64;
-                assert!((got - want).abs() <= 1e-6 * want.abs().max(1e-3), "n {n} row {r} [{i}]: {got} vs {want}");
+                assert!(
+                    (got - want).abs() <= 1e-6 * want.abs().max(1e-3),
+                    "n {n} row {r} [{i}]: {got} vs {want}"
+                );
             }
         }
     }
 }
 
 /// The CPU backend's rotation (lean's RopeTable::apply) on one token's heads.
-fn rope_reference(x: &mut [f32], table: &[[f32; 2]], s: RopeShape, token: usize) {
+fn rope_reference(x: &mut [f32], table: &[[f32; 2]], s: RopeShape, pos: usize) {
     let half = s.rope_dim / 2;
-    let row = &table[(s.pos0 + token) * half..][..half];
+    let row = &table[pos * half..][..half];
     for head in x.chunks_exact_mut(s.head_dim) {
         for (i, &[cos, sin]) in row.iter().enumerate() {
             let (a, b) = match s.pairing {
@@ -271,65 +391,164 @@ fn rope_matches_cpu_for_both_pairings() {
     for pairing in [RopePairing::Interleaved, RopePairing::Neox] {
         // full rotation; a partial one (rope_dim < head_dim) leaves the tail untouched
         for (head_dim, rope_dim) in [(64, 64), (48, 32)] {
-            let s = RopeShape { n_tokens: 3, n_heads: 5, head_dim, rope_dim, pos0: 1000, pairing };
-            let table = rope_cos_sin(rope_dim, 10000.0, 1.0, s.pos0 + s.n_tokens);
+            let pos0 = 1000;
+            let s = RopeShape {
+                n_tokens: 3,
+                n_heads: 5,
+                head_dim,
+                rope_dim,
+                positions: pos0 + 3,
+                pairing,
+            };
+            let table = rope_cos_sin(rope_dim, 10000.0, 1.0, s.positions);
+            let step = StepBuffer::new(ctx);
+            step.set(ctx, pos0).unwrap();
             let x = rng.floats(s.n_tokens * s.n_heads * head_dim, 2.0);
             let xb = ctx.upload_f32("x", &x);
             let tb = ctx.upload_f32("cos_sin", table.as_flattened());
-            submit(ctx, |e| kernels.rope(ctx, e, &xb, &tb, s));
+            submit(ctx, |e| kernels.rope(ctx, e, &step, &xb, &tb, s));
             let got = read_f32(ctx, &xb, x.len());
             let mut want = x.clone();
             for (t, row) in want.chunks_exact_mut(s.n_heads * head_dim).enumerate() {
-                rope_reference(row, &table, s, t);
+                rope_reference(row, &table, s, pos0 + t);
             }
             for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
                 // one rounding of a two-term sum (a fused multiply-add may skip one)
-                assert!((g - w).abs() <= 1e-6 * 4.0, "{pairing:?} {head_dim}/{rope_dim} [{i}]: {g} vs {w}");
+                assert!(
+                    (g - w).abs() <= 1e-6 * 4.0,
+                    "{pairing:?} {head_dim}/{rope_dim} [{i}]: {g} vs {w}"
+                );
             }
         }
     }
 }
 
+/// Causal attention of `n_tokens` new tokens at positions pos0.. (keys/values already in the
+/// cache, second layer of two when `layers` is 2) against an f64 softmax reference, through
+/// kv_store (the new tokens' k/v are written by the kernel) and attention.
 #[test]
-fn attention_matches_softmax_reference() {
+fn attention_matches_causal_softmax_reference() {
     let Some((ctx, kernels)) = gpu() else { return };
     let mut rng = Rng(90);
-    // one position; a GQA group of 3 over a second layer; more positions than threads
-    for (n_heads, n_kv_heads, head_dim, len, capacity, layers) in
-        [(2, 2, 64, 1, 8, 1), (6, 2, 64, 37, 40, 2), (4, 1, 32, 300, 301, 1)]
-    {
-        let layer_len = n_kv_heads * capacity * head_dim;
-        let cache_offset = (layers - 1) * layer_len;
-        let s = AttentionShape { n_heads, n_kv_heads, head_dim, len, capacity, cache_offset };
-        let q = rng.floats(n_heads * head_dim, 1.0);
-        let k = rng.floats(layers * layer_len, 1.0);
-        let v = rng.floats(layers * layer_len, 1.0);
-        let (qb, kb, vb) = (ctx.upload_f32("q", &q), ctx.upload_f32("k", &k), ctx.upload_f32("v", &v));
-        let scores = ctx.storage_f32("scores", n_heads * capacity);
-        let ob = ctx.storage_f32("out", n_heads * head_dim);
-        submit(ctx, |e| kernels.attention(ctx, e, &qb, &kb, &vb, &scores, &ob, s));
-        let got = read_f32(ctx, &ob, n_heads * head_dim);
+    // decode at position 0; a GQA group of 3 with a prefill chunk after cached positions; more
+    // positions than the 64-thread chunk; head_dim 128
+    // (splits: 1 of 64 positions; 1; 3 of 128; 1 of 128; 32 of 192 when the context is long)
+    for (n_heads, n_kv_heads, head_dim, n_tokens, pos0, capacity) in [
+        (2, 2, 64, 1, 0, 8),
+        (6, 2, 64, 5, 32, 40),
+        (4, 1, 32, 1, 299, 301),
+        (4, 2, 128, 70, 3, 80),
+        (2, 1, 64, 3, 700, 6000),
+    ] {
+        let kv_dim = n_kv_heads * head_dim;
+        let s = AttentionShape {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            n_tokens,
+            capacity,
+            cache_offset: kv_dim * capacity,
+        };
+        let q = rng.floats(n_tokens * n_heads * head_dim, 1.0);
+        // two layers of cache with random history; the new tokens' k/v go through kv_store
+        let mut k = rng.floats(2 * kv_dim * capacity, 1.0);
+        let mut v = rng.floats(2 * kv_dim * capacity, 1.0);
+        let k_new = rng.floats(n_tokens * kv_dim, 1.0);
+        let v_new = rng.floats(n_tokens * kv_dim, 1.0);
+        let (qb, kb, vb) = (
+            ctx.upload_f32("q", &q),
+            ctx.upload_f32("k", &k),
+            ctx.upload_f32("v", &v),
+        );
+        let (knb, vnb) = (
+            ctx.upload_f32("k new", &k_new),
+            ctx.upload_f32("v new", &v_new),
+        );
+        let ob = ctx.storage_f32("out", n_tokens * n_heads * head_dim);
+        let partials = ctx.storage_f32("partials", s.partials_len());
+        let step = StepBuffer::new(ctx);
+        step.set(ctx, pos0).unwrap();
+        submit(ctx, |p| {
+            kernels.kv_store(ctx, p, &step, &knb, &vnb, &kb, &vb, s)?;
+            kernels.attention(ctx, p, &step, &qb, &kb, &vb, &partials, &ob, s)
+        });
+        let got = read_f32(ctx, &ob, n_tokens * n_heads * head_dim);
+        // the reference cache after kv_store
+        for t in 0..n_tokens {
+            for j in 0..kv_dim {
+                let at = s.cache_offset
+                    + ((j / head_dim) * capacity + pos0 + t) * head_dim
+                    + j % head_dim;
+                k[at] = k_new[t * kv_dim + j];
+                v[at] = v_new[t * kv_dim + j];
+            }
+        }
+        assert_eq!(read_f32(ctx, &kb, k.len()), k, "kv_store keys");
+        assert_eq!(read_f32(ctx, &vb, v.len()), v, "kv_store values");
         let scale = 1.0 / (head_dim as f64).sqrt();
-        for h in 0..n_heads {
-            let base = cache_offset + h / (n_heads / n_kv_heads) * capacity * head_dim;
-            let qh = &q[h * head_dim..(h + 1) * head_dim];
-            let logits: Vec<f64> = (0..len)
-                .map(|t| (0..head_dim).map(|d| qh[d] as f64 * k[base + t * head_dim + d] as f64).sum::<f64>() * scale)
-                .collect();
-            let max = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let sum: f64 = logits.iter().map(|l| (l - max).exp()).sum();
-            for d in 0..head_dim {
-                let (mut want, mut abs) = (0.0, 0.0);
-                for (t, l) in logits.iter().enumerate() {
-                    let pv = (l - max).exp() / sum * v[base + t * head_dim + d] as f64;
-                    want += pv;
-                    abs += pv.abs();
+        for t in 0..n_tokens {
+            let len = pos0 + t + 1;
+            for h in 0..n_heads {
+                let base = s.cache_offset + h / (n_heads / n_kv_heads) * capacity * head_dim;
+                let qh = &q[(t * n_heads + h) * head_dim..][..head_dim];
+                let logits: Vec<f64> = (0..len)
+                    .map(|p| {
+                        (0..head_dim)
+                            .map(|d| qh[d] as f64 * k[base + p * head_dim + d] as f64)
+                            .sum::<f64>()
+                            * scale
+                    })
+                    .collect();
+                let max = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = logits.iter().map(|l| (l - max).exp()).sum();
+                for d in 0..head_dim {
+                    let (mut want, mut abs) = (0.0, 0.0);
+                    for (p, l) in logits.iter().enumerate() {
+                        let pv = (l - max).exp() / sum * v[base + p * head_dim + d] as f64;
+                        want += pv;
+                        abs += pv.abs();
+                    }
+                    let g = got[(t * n_heads + h) * head_dim + d] as f64;
+                    assert!(
+                        (g - want).abs() <= 1e-5 * abs,
+                        "heads {n_heads}/{n_kv_heads} token {t} at {} h {h} d {d}: {g} vs {want}",
+                        pos0 + t
+                    );
                 }
-                let g = got[h * head_dim + d] as f64;
-                assert!((g - want).abs() <= 1e-5 * abs, "heads {n_heads}/{n_kv_heads} len {len} h {h} d {d}: {g} vs {want}");
             }
         }
     }
+}
+
+/// Embedding rows of every type, from a matrix split across bindings (rows in several parts).
+#[test]
+fn embed_matches_scalar_dequantization() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut rng = Rng(95);
+    for (i, ty) in QUANT_TYPES.into_iter().chain([TensorType::F32]).enumerate() {
+        let (rows, cols) = (29, ty.block_len().max(32) * 3);
+        let w = random_matrix(&mut rng, ty, rows, cols);
+        let limit = (ty.row_bytes(cols).unwrap() * 7 + 3) as u64;
+        let m = GpuMatrix::upload_split(ctx, ty, rows, cols, &w, limit).unwrap();
+        assert!(m.parts().len() > 1);
+        let ids: Vec<u32> = vec![0, 28, 7, 6, 7, 13 + i as u32, 21];
+        let idb = ctx.upload_bytes("ids", bytemuck_u32(&ids));
+        let ob = ctx.storage_f32("out", ids.len() * cols);
+        submit(ctx, |p| kernels.embed(ctx, p, &m, &idb, &ob, ids.len()));
+        let got = read_f32(ctx, &ob, ids.len() * cols);
+        let row_bytes = ty.row_bytes(cols).unwrap();
+        let mut want = vec![0f32; cols];
+        for (t, &id) in ids.iter().enumerate() {
+            let id = id as usize;
+            scalar::dequantize(ty, &w[id * row_bytes..(id + 1) * row_bytes], &mut want);
+            assert_eq!(&got[t * cols..(t + 1) * cols], &want[..], "{ty} row {id}");
+        }
+    }
+}
+
+fn bytemuck_u32(v: &[u32]) -> &[u8] {
+    // SAFETY: u32 has no padding; the byte slice covers exactly the same memory.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
 }
 
 #[test]
@@ -339,13 +558,21 @@ fn silu_mul_matches_torch_formula() {
     let n = 1001;
     let gate = rng.floats(n, 12.0);
     let up = rng.floats(n, 3.0);
-    let (gb, ub, ob) = (ctx.upload_f32("gate", &gate), ctx.upload_f32("up", &up), ctx.storage_f32("out", n));
+    let (gb, ub, ob) = (
+        ctx.upload_f32("gate", &gate),
+        ctx.upload_f32("up", &up),
+        ctx.storage_f32("out", n),
+    );
     submit(ctx, |e| kernels.silu_mul(ctx, e, &gb, &ub, &ob, n));
     let got = read_f32(ctx, &ob, n);
     for i in 0..n {
         let g = gate[i] as f64;
         let want = g / (1.0 + (-g).exp()) * up[i] as f64;
-        assert!((got[i] as f64 - want).abs() <= 1e-5 * want.abs().max(1e-6), "[{i}] g {g}: {} vs {want}", got[i]);
+        assert!(
+            (got[i] as f64 - want).abs() <= 1e-5 * want.abs().max(1e-6),
+            "[{i}] g {g}: {} vs {want}",
+            got[i]
+        );
     }
 }
 
@@ -359,12 +586,19 @@ fn add_residual_and_bias_are_exact() {
         let (xb, yb) = (ctx.upload_f32("x", &x), ctx.upload_f32("y", &y));
         submit(ctx, |e| kernels.add(ctx, e, &xb, &yb, n, y_len));
         let got = read_f32(ctx, &xb, n);
-        let want: Vec<f32> = x.iter().enumerate().map(|(i, &v)| v + y[i % y_len]).collect();
+        let want: Vec<f32> = x
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| v + y[i % y_len])
+            .collect();
         assert_eq!(got, want, "n {n} y_len {y_len}");
     }
-    let mut encoder = ctx.device.create_command_encoder(&Default::default());
+    let mut plan = Plan::new();
     let b = ctx.storage_f32("b", 10);
-    assert!(matches!(kernels.add(ctx, &mut encoder, &b, &b, 10, 3), Err(GpuError::Shape(_))));
+    assert!(matches!(
+        kernels.add(ctx, &mut plan, &b, &b, 10, 3),
+        Err(GpuError::Shape(_))
+    ));
 }
 
 #[test]
@@ -385,24 +619,80 @@ fn argmax_takes_the_first_maximum() {
         let vb = ctx.upload_f32("values", &values);
         submit(ctx, |e| kernels.argmax(ctx, e, &vb, &result, values.len()));
         let future = ctx.read_u32(&result, 1);
-        ctx.device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
-        assert_eq!(pollster::block_on(future).unwrap(), vec![want], "n {}", values.len());
+        ctx.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .unwrap();
+        assert_eq!(
+            pollster::block_on(future).unwrap(),
+            vec![want],
+            "n {}",
+            values.len()
+        );
     }
 }
 
 #[test]
 fn shape_errors_are_typed() {
     let Some((ctx, kernels)) = gpu() else { return };
-    let mut encoder = ctx.device.create_command_encoder(&Default::default());
+    let mut plan = Plan::new();
     let b = ctx.storage_f32("b", 4096);
-    let odd = RopeShape { n_tokens: 1, n_heads: 1, head_dim: 64, rope_dim: 63, pos0: 0, pairing: RopePairing::Neox };
-    assert!(matches!(kernels.rope(ctx, &mut encoder, &b, &b, odd), Err(GpuError::Shape(_))));
-    let past = AttentionShape { n_heads: 2, n_kv_heads: 1, head_dim: 8, len: 9, capacity: 8, cache_offset: 0 };
-    assert!(matches!(kernels.attention(ctx, &mut encoder, &b, &b, &b, &b, &b, past), Err(GpuError::Shape(_))));
-    let bad_group = AttentionShape { n_heads: 3, n_kv_heads: 2, head_dim: 8, len: 1, capacity: 8, cache_offset: 0 };
-    assert!(matches!(kernels.attention(ctx, &mut encoder, &b, &b, &b, &b, &b, bad_group), Err(GpuError::Shape(_))));
-    assert!(matches!(kernels.argmax(ctx, &mut encoder, &b, &b, 0), Err(GpuError::Shape(_))));
-    assert!(matches!(pollster::block_on(ctx.read_f32(&b, 4097)), Err(GpuError::Readback(_))));
+    let step = StepBuffer::new(ctx);
+    let odd = RopeShape {
+        n_tokens: 1,
+        n_heads: 1,
+        head_dim: 64,
+        rope_dim: 63,
+        positions: 1,
+        pairing: RopePairing::Neox,
+    };
+    assert!(matches!(
+        kernels.rope(ctx, &mut plan, &step, &b, &b, odd),
+        Err(GpuError::Shape(_))
+    ));
+    let too_many = AttentionShape {
+        n_heads: 2,
+        n_kv_heads: 1,
+        head_dim: 8,
+        n_tokens: 9,
+        capacity: 8,
+        cache_offset: 0,
+    };
+    assert!(matches!(
+        kernels.attention(ctx, &mut plan, &step, &b, &b, &b, &b, &b, too_many),
+        Err(GpuError::Shape(_))
+    ));
+    let bad_group = AttentionShape {
+        n_heads: 3,
+        n_kv_heads: 2,
+        head_dim: 8,
+        n_tokens: 1,
+        capacity: 8,
+        cache_offset: 0,
+    };
+    assert!(matches!(
+        kernels.attention(ctx, &mut plan, &step, &b, &b, &b, &b, &b, bad_group),
+        Err(GpuError::Shape(_))
+    ));
+    let wide = AttentionShape {
+        n_heads: 1,
+        n_kv_heads: 1,
+        head_dim: 512,
+        n_tokens: 1,
+        capacity: 2,
+        cache_offset: 0,
+    };
+    assert!(matches!(
+        kernels.attention(ctx, &mut plan, &step, &b, &b, &b, &b, &b, wide),
+        Err(GpuError::Shape(_))
+    ));
+    assert!(matches!(
+        kernels.argmax(ctx, &mut plan, &b, &b, 0),
+        Err(GpuError::Shape(_))
+    ));
+    assert!(matches!(
+        pollster::block_on(ctx.read_f32(&b, 4097)),
+        Err(GpuError::Readback(_))
+    ));
 }
 
 #[test]

@@ -7,7 +7,7 @@
 //! (or fails under CI) as well.
 
 use lean_gguf::{Gguf, GgufError, TensorType};
-use lean_gpu::{wgpu, GpuContext, GpuMatrix, Kernels};
+use lean_gpu::{wgpu, GpuContext, GpuMatrix, Kernels, Plan};
 use lean_quant::scalar;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
@@ -25,7 +25,11 @@ fn model_path(name: &str) -> Option<PathBuf> {
     if path.exists() {
         return Some(path);
     }
-    assert!(std::env::var_os("CI").is_none(), "CI needs the test model {}", path.display());
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI needs the test model {}",
+        path.display()
+    );
     eprintln!("skipping: {} not found", path.display());
     None
 }
@@ -56,7 +60,9 @@ fn splitmix(state: &mut u64) -> f32 {
 /// For every 2-D tensor type of the model (first tensor of each), the first rows through
 /// matvec and matmul.
 fn check_model(ctx: &GpuContext, kernels: &Kernels, name: &str) -> Vec<TensorType> {
-    let Some(path) = model_path(name) else { return Vec::new() };
+    let Some(path) = model_path(name) else {
+        return Vec::new();
+    };
     let mut file = std::fs::File::open(&path).unwrap();
     let gguf = read_header(&mut file);
     let mut seen = Vec::new();
@@ -75,28 +81,54 @@ fn check_model(ctx: &GpuContext, kernels: &Kernels, name: &str) -> Vec<TensorTyp
         let xb = ctx.upload_f32("x", &x);
         let y_matvec = ctx.storage_f32("y", rows);
         let y_matmul = ctx.storage_f32("y", TOKENS * rows);
-        let mut encoder = ctx.device.create_command_encoder(&Default::default());
-        kernels.matvec(ctx, &mut encoder, &m, &xb, &y_matvec).unwrap();
-        kernels.matmul(ctx, &mut encoder, &m, &xb, &y_matmul, TOKENS).unwrap();
-        ctx.queue.submit([encoder.finish()]);
-        let (f1, f2) = (ctx.read_f32(&y_matvec, rows), ctx.read_f32(&y_matmul, TOKENS * rows));
-        ctx.device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
-        let (got_matvec, got_matmul) = (pollster::block_on(f1).unwrap(), pollster::block_on(f2).unwrap());
+        let mut plan = Plan::new();
+        kernels.matvec(ctx, &mut plan, &m, &xb, &y_matvec).unwrap();
+        kernels
+            .matmul(ctx, &mut plan, &m, &xb, &y_matmul, TOKENS)
+            .unwrap();
+        plan.submit(ctx);
+        let (f1, f2) = (
+            ctx.read_f32(&y_matvec, rows),
+            ctx.read_f32(&y_matmul, TOKENS * rows),
+        );
+        ctx.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .unwrap();
+        let (got_matvec, got_matmul) = (
+            pollster::block_on(f1).unwrap(),
+            pollster::block_on(f2).unwrap(),
+        );
 
         let mut weights = vec![0f32; cols];
         for r in 0..rows {
-            scalar::dequantize(t.ty, &w[r * t.row_bytes()..(r + 1) * t.row_bytes()], &mut weights);
+            scalar::dequantize(
+                t.ty,
+                &w[r * t.row_bytes()..(r + 1) * t.row_bytes()],
+                &mut weights,
+            );
             for tok in 0..TOKENS {
                 let xs = &x[tok * cols..(tok + 1) * cols];
-                let (want, abs) = weights.iter().zip(xs).fold((0f64, 0f64), |(s, a), (&wv, &xv)| {
-                    let p = wv as f64 * xv as f64;
-                    (s + p, a + p.abs())
-                });
+                let (want, abs) =
+                    weights
+                        .iter()
+                        .zip(xs)
+                        .fold((0f64, 0f64), |(s, a), (&wv, &xv)| {
+                            let p = wv as f64 * xv as f64;
+                            (s + p, a + p.abs())
+                        });
                 let got = got_matmul[tok * rows + r] as f64;
-                assert!((got - want).abs() <= TOLERANCE * abs, "{name} {} matmul token {tok} row {r}: {got} vs {want}", t.name);
+                assert!(
+                    (got - want).abs() <= TOLERANCE * abs,
+                    "{name} {} matmul token {tok} row {r}: {got} vs {want}",
+                    t.name
+                );
                 if tok == 0 {
                     let got = got_matvec[r] as f64;
-                    assert!((got - want).abs() <= TOLERANCE * abs, "{name} {} matvec row {r}: {got} vs {want}", t.name);
+                    assert!(
+                        (got - want).abs() <= TOLERANCE * abs,
+                        "{name} {} matvec row {r}: {got} vs {want}",
+                        t.name
+                    );
                 }
             }
         }
@@ -109,14 +141,21 @@ fn kernels_match_real_weights() {
     let ctx = match pollster::block_on(GpuContext::new()) {
         Ok(ctx) => ctx,
         Err(e) => {
-            assert!(std::env::var_os("CI").is_none(), "CI needs a GPU adapter: {e}");
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI needs a GPU adapter: {e}"
+            );
             eprintln!("skipping GPU tests: {e}");
             return;
         }
     };
     let kernels = pollster::block_on(Kernels::new(&ctx)).unwrap();
     let mut covered = Vec::new();
-    for name in ["qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "smollm2-135m-instruct-q4_1.gguf", "smollm2-135m-instruct-q4_0.gguf"] {
+    for name in [
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "smollm2-135m-instruct-q4_1.gguf",
+        "smollm2-135m-instruct-q4_0.gguf",
+    ] {
         covered.extend(check_model(&ctx, &kernels, name));
     }
     eprintln!("checked real tensors of types {covered:?}");

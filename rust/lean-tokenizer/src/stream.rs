@@ -8,8 +8,12 @@ use crate::{Tokenizer, TokenizerError};
 /// by decoding each new id together with the ids already emitted since the last flush point and
 /// emitting only the difference. The concatenation of every `push` output and `finish` equals
 /// `tokenizer.decode(all ids, skip_special_tokens)`.
-pub struct StreamDecoder<'a> {
-    tokenizer: &'a Tokenizer,
+///
+/// The decoder does not borrow the tokenizer, so that it can live next to it in one owned state
+/// (a generation resumed across calls); every call takes it instead, and it must be the same
+/// tokenizer each time.
+#[derive(Clone, Debug)]
+pub struct StreamDecoder {
     skip_special_tokens: bool,
     /// Ids from the last flush point on: `ids[..read]` are already emitted as `emitted`'s text.
     ids: Vec<u32>,
@@ -18,10 +22,9 @@ pub struct StreamDecoder<'a> {
     emitted: String,
 }
 
-impl<'a> StreamDecoder<'a> {
-    pub fn new(tokenizer: &'a Tokenizer, skip_special_tokens: bool) -> Self {
+impl StreamDecoder {
+    pub fn new(skip_special_tokens: bool) -> Self {
         StreamDecoder {
-            tokenizer,
             skip_special_tokens,
             ids: Vec::new(),
             read: 0,
@@ -30,9 +33,13 @@ impl<'a> StreamDecoder<'a> {
     }
 
     /// Adds `id`; returns the new text, or `None` while nothing complete is new.
-    pub fn push(&mut self, id: u32) -> Result<Option<String>, TokenizerError> {
+    pub fn push(
+        &mut self,
+        tokenizer: &Tokenizer,
+        id: u32,
+    ) -> Result<Option<String>, TokenizerError> {
         self.ids.push(id);
-        let text = self.tokenizer.decode(&self.ids, self.skip_special_tokens)?;
+        let text = tokenizer.decode(&self.ids, self.skip_special_tokens)?;
         if text.len() <= self.emitted.len() || text.ends_with(char::REPLACEMENT_CHARACTER) {
             return Ok(None);
         }
@@ -40,14 +47,14 @@ impl<'a> StreamDecoder<'a> {
         // Keep the just-emitted ids as context for the next decode, drop the older ones.
         self.ids.drain(..self.read);
         self.read = self.ids.len();
-        self.emitted = self.tokenizer.decode(&self.ids, self.skip_special_tokens)?;
+        self.emitted = tokenizer.decode(&self.ids, self.skip_special_tokens)?;
         Ok(Some(new_text))
     }
 
     /// The text still held back (an incomplete character at the end decodes to U+FFFD, as in
     /// `decode`); empty when everything was emitted.
-    pub fn finish(self) -> Result<String, TokenizerError> {
-        let text = self.tokenizer.decode(&self.ids, self.skip_special_tokens)?;
+    pub fn finish(self, tokenizer: &Tokenizer) -> Result<String, TokenizerError> {
+        let text = tokenizer.decode(&self.ids, self.skip_special_tokens)?;
         self.new_text(&text)
     }
 

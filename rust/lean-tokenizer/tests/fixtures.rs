@@ -163,15 +163,15 @@ fn as_strs(tokens: &[String]) -> Vec<&str> {
 }
 
 fn stream_decode(tok: &Tokenizer, ids: &[u32], skip_special_tokens: bool) -> (Vec<String>, String) {
-    let mut stream = StreamDecoder::new(tok, skip_special_tokens);
+    let mut stream = StreamDecoder::new(skip_special_tokens);
     let mut chunks = Vec::new();
     for &id in ids {
-        if let Some(chunk) = stream.push(id).unwrap() {
+        if let Some(chunk) = stream.push(tok, id).unwrap() {
             assert!(!chunk.is_empty());
             chunks.push(chunk);
         }
     }
-    let rest = stream.finish().unwrap();
+    let rest = stream.finish(tok).unwrap();
     (chunks, rest)
 }
 
@@ -348,20 +348,20 @@ fn stream_decoder_holds_split_characters_back() {
         .map(|c| (*c, tok.encode(c, false).unwrap()))
         .find(|(_, ids)| ids.len() > 1)
         .unwrap();
-    let mut stream = StreamDecoder::new(&tok, false);
+    let mut stream = StreamDecoder::new(false);
     for &id in &ids[..ids.len() - 1] {
-        assert_eq!(stream.push(id).unwrap(), None);
+        assert_eq!(stream.push(&tok, id).unwrap(), None);
     }
     assert_eq!(
-        stream.push(ids[ids.len() - 1]).unwrap().as_deref(),
+        stream.push(&tok, ids[ids.len() - 1]).unwrap().as_deref(),
         Some(character)
     );
-    assert_eq!(stream.finish().unwrap(), "");
+    assert_eq!(stream.finish(&tok).unwrap(), "");
     // An incomplete character at the end comes out of finish() as decode writes it.
-    let mut stream = StreamDecoder::new(&tok, false);
-    assert_eq!(stream.push(ids[0]).unwrap(), None);
+    let mut stream = StreamDecoder::new(false);
+    assert_eq!(stream.push(&tok, ids[0]).unwrap(), None);
     assert_eq!(
-        stream.finish().unwrap(),
+        stream.finish(&tok).unwrap(),
         tok.decode(&ids[..1], false).unwrap()
     );
 }

@@ -1,15 +1,27 @@
-//! WebAssembly bindings of lean (single thread, simd128): a [`WasmEngine`] built from the bytes
-//! of a GGUF and of the tokenizer files, generating with a JS callback per token.
+//! WebAssembly bindings of lean: a [`WasmEngine`] built from a GGUF (streamed into wasm memory
+//! chunk by chunk through a [`ModelLoader`]) and the tokenizer files.
 //!
-//! Prompts and options cross the boundary as JSON strings: one small, explicit format that the
-//! JS wrapper and the tests share, instead of a JS object mapping per field.
+//! Generation is resumable: [`WasmEngine::begin`] runs the prompt, then each
+//! [`WasmEngine::step`] produces one token. The Web Worker that drives it returns to its event
+//! loop between tokens and so sees an abort message within one token. One synchronous call for
+//! the whole generation could only be interrupted through shared memory, which a page without
+//! COOP/COEP headers does not have (and a WebGPU session has to yield to the event loop to read
+//! results back anyway). [`WasmEngine::generate`] runs the same steps in one call, for Node.
+//!
+//! Prompts, options and results cross the boundary as JSON strings: one small, explicit format
+//! that the JS wrapper and the tests share, instead of a JS object mapping per field.
+use lean::cpu::CpuSession;
+use lean::engine::{ActiveGeneration, Ended, Step};
 use lean::{
-    ChatMessage, Engine, GenerateOptions, Generation, Model, ModelBytes, Prompt, SamplingParams,
-    Tokenizer,
+    ChatMessage, Engine, GenerateOptions, Generation, LeanError, Model, ModelBytes, Prompt,
+    SamplingParams, Session, TokenEvent, Tokenizer,
 };
 use serde::{Deserialize, Serialize};
 use std::sync::Mutex;
 use wasm_bindgen::prelude::*;
+
+#[cfg(feature = "threads")]
+pub mod threads;
 
 /// Runs when the module is instantiated.
 #[wasm_bindgen(start)]
@@ -49,9 +61,104 @@ fn js_error(e: impl std::fmt::Display) -> JsError {
     JsError::new(&e.to_string())
 }
 
+fn mib(bytes: usize) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// Reserves `bytes` up front so that running out of wasm memory is a readable error: an
+/// infallible allocation that fails aborts the module with an opaque trap instead.
+fn reserve(bytes: usize, what: &str) -> Result<Vec<u8>, JsError> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(bytes).map_err(|_| {
+        js_error(format!(
+            "cannot allocate {} of WebAssembly memory for {what} (wasm32 memory ends at 4 GiB, \
+             and the browser may refuse to grow it earlier): choose a smaller model or context",
+            mib(bytes)
+        ))
+    })?;
+    Ok(v)
+}
+
+/// Receives a GGUF file chunk by chunk straight into one allocation of its final size, so that
+/// neither JS nor wasm ever holds a second copy of the model: JS pushes each `fetch` chunk as it
+/// arrives and drops it, then `finish` builds the engine over these bytes in place.
 #[wasm_bindgen]
-pub struct WasmEngine {
-    engine: Engine,
+pub struct ModelLoader {
+    bytes: Vec<u8>,
+    total: usize,
+}
+
+#[wasm_bindgen]
+impl ModelLoader {
+    /// Allocates `total_bytes` (the GGUF's size) at once; fails with a readable error when wasm
+    /// memory cannot hold it.
+    #[wasm_bindgen(constructor)]
+    pub fn new(total_bytes: f64) -> Result<ModelLoader, JsError> {
+        if !(total_bytes.is_finite() && total_bytes >= 0.0 && total_bytes.fract() == 0.0) {
+            return Err(js_error(format!(
+                "the model size must be a whole number of bytes, got {total_bytes}"
+            )));
+        }
+        // One Rust allocation is at most isize::MAX bytes: 2 GiB on wasm32.
+        if total_bytes > isize::MAX as f64 {
+            return Err(js_error(format!(
+                "the model file is {} but WebAssembly (wasm32) can hold at most {} in one \
+                 buffer: choose a smaller model",
+                mib(total_bytes as usize),
+                mib(isize::MAX as usize)
+            )));
+        }
+        let total = total_bytes as usize;
+        Ok(ModelLoader {
+            bytes: reserve(total, "the model file")?,
+            total,
+        })
+    }
+
+    /// Appends the next chunk of the file.
+    pub fn push(&mut self, chunk: &[u8]) -> Result<(), JsError> {
+        if chunk.len() > self.total - self.bytes.len() {
+            return Err(js_error(format!(
+                "the model data is longer than the announced {} bytes (received {} + {})",
+                self.total,
+                self.bytes.len(),
+                chunk.len()
+            )));
+        }
+        self.bytes.extend_from_slice(chunk);
+        Ok(())
+    }
+
+    /// Bytes received so far.
+    #[wasm_bindgen(getter)]
+    pub fn received(&self) -> f64 {
+        self.bytes.len() as f64
+    }
+
+    /// Builds the engine once every byte arrived (see [`WasmEngine::new`] for the arguments).
+    /// Consumes the loader (its JS object is no longer usable), also when it fails.
+    pub fn finish(
+        self,
+        tokenizer_json: &[u8],
+        tokenizer_config: Option<Vec<u8>>,
+        chat_template: Option<String>,
+        context_length: u32,
+    ) -> Result<WasmEngine, JsError> {
+        if self.bytes.len() != self.total {
+            return Err(js_error(format!(
+                "the model data ended after {} of {} bytes (an interrupted download?)",
+                self.bytes.len(),
+                self.total
+            )));
+        }
+        WasmEngine::new(
+            self.bytes,
+            tokenizer_json,
+            tokenizer_config,
+            chat_template,
+            context_length,
+        )
+    }
 }
 
 /// `{"messages": [{"role", "content"}, ...]}`, `{"raw": "text"}` or `{"ids": [1, 2, 3]}`.
@@ -122,8 +229,24 @@ impl From<OptionsJson> for GenerateOptions {
     }
 }
 
-/// What `generate` returns (as JSON). lean's own timings are zero here: wasm32-unknown-unknown
-/// has no clock in std, so callers time the token callbacks themselves.
+/// One generated token: its id and the text that became complete with it (may be empty).
+#[derive(Serialize)]
+struct TokenJson {
+    id: u32,
+    text: String,
+}
+
+impl From<TokenEvent> for TokenJson {
+    fn from(t: TokenEvent) -> TokenJson {
+        TokenJson {
+            id: t.id,
+            text: t.text,
+        }
+    }
+}
+
+/// A finished generation. lean's own timings are absent: wasm32-unknown-unknown has no clock in
+/// std, so callers time the steps themselves.
 #[derive(Serialize)]
 struct GenerationJson {
     prompt_ids: Vec<u32>,
@@ -133,7 +256,7 @@ struct GenerationJson {
 }
 
 impl From<Generation> for GenerationJson {
-    fn from(g: Generation) -> Self {
+    fn from(g: Generation) -> GenerationJson {
         GenerationJson {
             prompt_ids: g.prompt_ids,
             token_ids: g.token_ids,
@@ -143,10 +266,44 @@ impl From<Generation> for GenerationJson {
     }
 }
 
+/// What `step` and `cancel` return: the tokens of this step (none, one, or a token followed by
+/// held-back text flushed at the end) and, once the generation is over, its result.
+#[derive(Serialize)]
+struct StepJson {
+    tokens: Vec<TokenJson>,
+    done: Option<GenerationJson>,
+}
+
+/// What `info` returns.
+#[derive(Serialize)]
+struct InfoJson {
+    architecture: &'static str,
+    description: String,
+    backend: String,
+    context_length: usize,
+    train_context_length: usize,
+    vocab_size: usize,
+    file_bytes: usize,
+    kv_cache_bytes: usize,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    eos_token_ids: Vec<u32>,
+    has_chat_template: bool,
+}
+
+#[wasm_bindgen]
+pub struct WasmEngine {
+    engine: Engine,
+    /// The generation between `begin` and its end, resumed by each `step`.
+    active: Option<ActiveGeneration>,
+}
+
 #[wasm_bindgen]
 impl WasmEngine {
     /// Loads the model (the GGUF bytes are moved into wasm memory once and used in place) and
-    /// checks that the tokenizer belongs to it. `context_length` is capped at the model's.
+    /// checks that the tokenizer belongs to it. `tokenizer_config` is tokenizer_config.json,
+    /// `chat_template` the text of chat_template.jinja (when the config has none);
+    /// `context_length` is capped at the model's.
     #[wasm_bindgen(constructor)]
     pub fn new(
         gguf: Vec<u8>,
@@ -161,48 +318,129 @@ impl WasmEngine {
             tokenizer_config.as_deref(),
             chat_template.as_deref(),
         )
-        .map_err(|e| js_error(lean::LeanError::Tokenizer(e)))?;
-        let engine = Engine::new(model, tokenizer, context_length as usize).map_err(js_error)?;
-        Ok(WasmEngine { engine })
+        .map_err(|e| js_error(LeanError::Tokenizer(e)))?;
+        let ctx = Engine::capped_context(&model, context_length as usize).map_err(js_error)?;
+        let c = &model.config;
+        let kv_bytes = 2 * c.n_layers * c.n_kv_heads * c.head_dim * ctx * size_of::<f32>();
+        // Freed at once; the allocator hands the grown memory to the KV cache right after.
+        drop(reserve(kv_bytes, &format!("the KV cache of {ctx} tokens"))?);
+        let engine = Engine::with_backend(model, tokenizer, ctx, |model, ctx| {
+            Ok(Box::new(CpuSession::new(model, ctx)) as Box<dyn Session>)
+        })
+        .map_err(js_error)?;
+        Ok(WasmEngine {
+            engine,
+            active: None,
+        })
     }
 
-    /// Generates from `prompt_json` (`{"messages": [{"role", "content"}, ...]}`, `{"raw": text}`
-    /// or `{"ids": [...]}`) with `options_json` (all optional: `max_tokens` (256), `temperature`
-    /// (0 = greedy), `top_k`, `top_p`, `min_p`, `repetition_penalty`, `seed`, `stop_token_ids`
-    /// (default: the tokenizer's end-of-sequence ids)), calling `on_token(text, tokenId)` for each
-    /// token; a callback returning `false` stops generation, and one that throws stops it and the
-    /// exception is rethrown. Returns the generation as JSON
-    /// `{prompt_ids, token_ids, text, finish_reason}`; finish_reason is "stop", "length",
-    /// "context_full" or "cancelled".
+    /// The model and engine as JSON: `{architecture, description, backend, context_length,
+    /// train_context_length, vocab_size, file_bytes, kv_cache_bytes, bos_token, eos_token,
+    /// eos_token_ids, has_chat_template}`.
+    pub fn info(&self) -> Result<String, JsError> {
+        let (model, tokenizer) = (&self.engine.model, &self.engine.tokenizer);
+        let c = &model.config;
+        let info = InfoJson {
+            architecture: c.arch.name(),
+            description: model.describe(),
+            backend: self.engine.backend(),
+            context_length: self.engine.context_length(),
+            train_context_length: c.train_context_length,
+            vocab_size: c.vocab_size,
+            file_bytes: model.file_size(),
+            kv_cache_bytes: self.engine.kv_cache_bytes(),
+            bos_token: tokenizer.bos_token().map(str::to_owned),
+            eos_token: tokenizer.eos_token().map(str::to_owned),
+            eos_token_ids: tokenizer.eos_token_ids(),
+            has_chat_template: tokenizer.has_chat_template(),
+        };
+        serde_json::to_string(&info).map_err(js_error)
+    }
+
+    /// Starts a generation: tokenizes `prompt_json` (`{"messages": [{"role", "content"}, ...]}`
+    /// rendered with the chat template, `{"raw": text}`, or `{"ids": [...]}`) and runs the prompt
+    /// through the model. `options_json` fields are all optional: `max_tokens` (256),
+    /// `temperature` (0 = greedy), `top_k`, `top_p`, `min_p`, `repetition_penalty`, `seed`,
+    /// `stop_token_ids` (default: the tokenizer's end-of-sequence ids). Returns
+    /// `{"prompt_ids": [...]}`. A generation still in progress is abandoned.
+    pub fn begin(&mut self, prompt_json: &str, options_json: &str) -> Result<String, JsError> {
+        self.active = None;
+        let (prompt, options) = self.request(prompt_json, options_json)?;
+        let active = self.engine.begin(&prompt, &options).map_err(js_error)?;
+        let begun = serde_json::json!({ "prompt_ids": active.prompt_ids() });
+        self.active = Some(active);
+        serde_json::to_string(&begun).map_err(js_error)
+    }
+
+    /// Produces the next token of the generation `begin` started, as JSON
+    /// `{"tokens": [{"id", "text"}, ...], "done": null | {prompt_ids, token_ids, text,
+    /// finish_reason}}`; finish_reason is "stop" (a stop id was generated: it is in token_ids but
+    /// not in tokens), "length" or "context_full". After `done`, call `begin` again.
+    pub fn step(&mut self) -> Result<String, JsError> {
+        let Some(mut active) = self.active.take() else {
+            return Err(js_error(LeanError::InvalidArgument(
+                "no generation in progress: call begin first".into(),
+            )));
+        };
+        // A failed step drops the generation: it cannot continue (see `Engine::step`).
+        let Step { token, finished } = self.engine.step(&mut active).map_err(js_error)?;
+        let mut tokens: Vec<TokenJson> = token.into_iter().map(TokenJson::from).collect();
+        let done = match finished {
+            Some(_) => Some(self.end(active, &mut tokens)?),
+            None => {
+                self.active = Some(active);
+                None
+            }
+        };
+        serde_json::to_string(&StepJson { tokens, done }).map_err(js_error)
+    }
+
+    /// Ends the generation in progress as "cancelled", in the same JSON as `step`; `undefined`
+    /// when none is in progress.
+    pub fn cancel(&mut self) -> Result<Option<String>, JsError> {
+        let Some(active) = self.active.take() else {
+            return Ok(None);
+        };
+        let mut tokens = Vec::new();
+        let done = Some(self.end(active, &mut tokens)?);
+        serde_json::to_string(&StepJson { tokens, done })
+            .map(Some)
+            .map_err(js_error)
+    }
+
+    /// Runs a whole generation in one call (lean's `Engine::generate`: the same tokens as
+    /// `begin` + `step`), calling `on_token(text, tokenId)` for each token; a callback returning
+    /// `false` cancels, and one that throws cancels and the exception is rethrown. Returns the
+    /// `done` JSON of `step` (finish_reason may also be "cancelled"). A generation still in
+    /// progress is abandoned.
     pub fn generate(
         &mut self,
         prompt_json: &str,
         options_json: &str,
         on_token: &js_sys::Function,
     ) -> Result<String, JsValue> {
-        let prompt: PromptJson = serde_json::from_str(prompt_json)
-            .map_err(|e| js_error(format!("invalid prompt JSON: {e}")))?;
-        let options: OptionsJson = serde_json::from_str(options_json)
-            .map_err(|e| js_error(format!("invalid options JSON: {e}")))?;
-        let mut callback_error = None;
+        self.active = None;
+        let (prompt, options) = self.request(prompt_json, options_json)?;
+        let mut thrown = None;
         let generation = self
             .engine
-            .generate(&prompt.into(), &options.into(), |event| {
-                match on_token.call2(
-                    &JsValue::NULL,
-                    &JsValue::from_str(&event.text),
-                    &JsValue::from(event.id),
-                ) {
+            .generate(&prompt, &options, |token| {
+                // After a throw the callback is not called again (not even for held-back text).
+                if thrown.is_some() {
+                    return false;
+                }
+                let text = JsValue::from_str(&token.text);
+                match on_token.call2(&JsValue::NULL, &text, &JsValue::from(token.id)) {
                     Ok(keep_going) => keep_going.as_bool() != Some(false),
-                    Err(thrown) => {
-                        callback_error = Some(thrown);
+                    Err(exception) => {
+                        thrown = Some(exception);
                         false
                     }
                 }
             })
             .map_err(js_error)?;
-        if let Some(thrown) = callback_error {
-            return Err(thrown);
+        if let Some(exception) = thrown {
+            return Err(exception);
         }
         serde_json::to_string(&GenerationJson::from(generation))
             .map_err(|e| js_error(format!("serializing the generation: {e}")).into())
@@ -223,9 +461,49 @@ impl WasmEngine {
     }
 }
 
-/// Which compute backend this build runs: the single-thread simd128 CPU kernels. A free function
-/// so that a loader can ask before fetching a model.
+impl WasmEngine {
+    /// Parses a prompt and options (see `begin`) and sets the template's clock.
+    fn request(
+        &mut self,
+        prompt_json: &str,
+        options_json: &str,
+    ) -> Result<(Prompt, GenerateOptions), JsError> {
+        let prompt: PromptJson = serde_json::from_str(prompt_json)
+            .map_err(|e| js_error(format!("invalid prompt JSON: {e}")))?;
+        let options: OptionsJson = serde_json::from_str(options_json)
+            .map_err(|e| js_error(format!("invalid options JSON: {e}")))?;
+        // Templates that print the date read it from here: wasm32 has no clock in std.
+        self.engine
+            .tokenizer
+            .set_template_time(Some((js_sys::Date::now() / 1000.0) as i64));
+        Ok((prompt.into(), options.into()))
+    }
+
+    /// Ends `active`: appends the text held back to the end to `tokens` (as a last token, with
+    /// the last id) and returns the result.
+    fn end(
+        &self,
+        active: ActiveGeneration,
+        tokens: &mut Vec<TokenJson>,
+    ) -> Result<GenerationJson, JsError> {
+        let Ended {
+            held_back,
+            generation,
+        } = self.engine.finish(active).map_err(js_error)?;
+        tokens.extend(held_back.map(TokenJson::from));
+        Ok(generation.into())
+    }
+}
+
+/// Which compute backend this build runs: "simd" (the single-thread simd128 CPU kernels) or
+/// "threads" (feature `threads`: the same kernels on rayon's Web Worker pool, see threads.rs). A
+/// free function so that a loader can ask before fetching a model.
 #[wasm_bindgen]
 pub fn backend() -> String {
-    "simd".to_owned()
+    if cfg!(feature = "threads") {
+        "threads"
+    } else {
+        "simd"
+    }
+    .to_owned()
 }

@@ -26,7 +26,7 @@ if (!existsSync(ggufPath)) {
 }
 
 // --target nodejs glue is CommonJS.
-const { WasmEngine, backend, takePanicMessage } = createRequire(import.meta.url)(
+const { ModelLoader, WasmEngine, backend, takePanicMessage } = createRequire(import.meta.url)(
   join(here, "..", "pkg-node", "lean_wasm.js"),
 );
 
@@ -37,7 +37,28 @@ const newEngine = (gguf) =>
   new WasmEngine(gguf, tokenizerJson, tokenizerConfig, chatTemplate, 2048);
 
 const ggufBytes = readFileSync(ggufPath);
-const engine = newEngine(ggufBytes);
+/** Streams `bytes` into a ModelLoader in chunks of `chunk` bytes, as lean-js does from fetch(). */
+function loadInChunks(bytes, chunk) {
+  const loader = new ModelLoader(bytes.length);
+  for (let at = 0; at < bytes.length; at += chunk) loader.push(bytes.subarray(at, at + chunk));
+  assert.equal(loader.received, bytes.length);
+  return loader.finish(tokenizerJson, tokenizerConfig, chatTemplate, 2048);
+}
+// The engine the tests share comes through the streaming loader (an odd chunk size, so that
+// chunks straddle every alignment).
+const engine = loadInChunks(ggufBytes, 1_000_003);
+const rawShort = fixture.cases.find((c) => c.name === "raw_short");
+
+/** Runs begin + step until done, collecting the tokens of every step. */
+function stepAll(prompt, options) {
+  const begun = JSON.parse(engine.begin(JSON.stringify(prompt), JSON.stringify(options)));
+  const tokens = [];
+  for (;;) {
+    const step = JSON.parse(engine.step());
+    tokens.push(...step.tokens);
+    if (step.done) return { begun, tokens, result: step.done };
+  }
+}
 
 /** Runs a generation, recording every callback with its time. */
 function generate(prompt, options, stopAfter = Infinity) {
@@ -103,6 +124,99 @@ test("a corrupt GGUF gives a JS Error naming the GGUF problem; the engine still 
   );
   const { result } = generate({ ids: chatShort.prompt_ids }, { max_tokens: 4 });
   assert.deepEqual(result.token_ids, chatShort.greedy_ids.slice(0, 4));
+});
+
+test("the streaming loader refuses wrong sizes with readable errors", () => {
+  assert.throws(() => new ModelLoader(-1), /whole number of bytes, got -1/);
+  assert.throws(() => new ModelLoader(1.5), /whole number of bytes, got 1.5/);
+  assert.throws(() => new ModelLoader(3 * 2 ** 30), /at most 2048.0 MiB in one buffer/);
+  const tooLong = new ModelLoader(10);
+  tooLong.push(new Uint8Array(6));
+  assert.throws(
+    () => tooLong.push(new Uint8Array(5)),
+    /longer than the announced 10 bytes \(received 6 \+ 5\)/,
+  );
+  assert.throws(
+    () => tooLong.finish(tokenizerJson, tokenizerConfig, chatTemplate, 2048),
+    /ended after 6 of 10 bytes \(an interrupted download\?\)/,
+  );
+  const corrupt = new ModelLoader(1000);
+  corrupt.push(ggufBytes.subarray(0, 1000));
+  assert.throws(
+    () => corrupt.finish(tokenizerJson, tokenizerConfig, chatTemplate, 2048),
+    /invalid GGUF file/,
+  );
+});
+
+test("info describes the model and the stop ids", () => {
+  const info = JSON.parse(engine.info());
+  assert.equal(info.architecture, "llama");
+  assert.equal(info.backend.length > 0, true);
+  assert.equal(info.context_length, 2048);
+  assert.equal(info.train_context_length, 8192);
+  assert.equal(info.vocab_size, 49152);
+  assert.equal(info.file_bytes, ggufBytes.length);
+  // 30 layers × 3 kv heads × 64 dims × 2048 positions, keys and values, f32.
+  assert.equal(info.kv_cache_bytes, 2 * 30 * 3 * 64 * 2048 * 4);
+  assert.equal(info.eos_token, "<|im_end|>");
+  assert.deepEqual(info.eos_token_ids, [2, 0]);
+  assert.equal(info.has_chat_template, true);
+});
+
+test("begin + step give the reference tokens one per step, and stop at an eos id", () => {
+  const { begun, tokens, result } = stepAll({ raw: rawShort.prompt }, { max_tokens: 40 });
+  assert.deepEqual(begun.prompt_ids, rawShort.prompt_ids);
+  const eos = JSON.parse(engine.info()).eos_token_ids;
+  const stopAt = rawShort.greedy_ids.findIndex((id) => eos.includes(id));
+  assert.ok(stopAt > 0, "the reference continues past an eos id");
+  assert.deepEqual(result.token_ids, rawShort.greedy_ids.slice(0, stopAt + 1));
+  assert.equal(result.finish_reason, "stop");
+  // The stop id is in token_ids but not streamed.
+  assert.deepEqual(tokens.map((t) => t.id), rawShort.greedy_ids.slice(0, stopAt));
+  assert.equal(tokens.map((t) => t.text).join(""), result.text);
+  assert.ok(rawShort.greedy_text.startsWith(result.text), result.text);
+  assert.throws(() => engine.step(), /no generation in progress: call begin first/);
+});
+
+test("cancel ends a generation; the next one is exact again", () => {
+  engine.begin(JSON.stringify({ ids: chatShort.prompt_ids }), "{}");
+  const first = JSON.parse(engine.step());
+  assert.deepEqual(first.tokens.map((t) => t.id), chatShort.greedy_ids.slice(0, 1));
+  const cancelled = JSON.parse(engine.cancel());
+  assert.equal(cancelled.done.finish_reason, "cancelled");
+  assert.deepEqual(cancelled.done.token_ids, chatShort.greedy_ids.slice(0, 1));
+  assert.equal(engine.cancel(), undefined);
+  const { result } = stepAll({ messages: chatShort.messages }, { max_tokens: 8 });
+  assert.deepEqual(result.token_ids, chatShort.greedy_ids.slice(0, 8));
+  assert.equal(result.finish_reason, "length");
+});
+
+test("a new begin abandons the generation in progress", () => {
+  engine.begin(JSON.stringify({ raw: "Once upon a time" }), "{}");
+  engine.step();
+  const { result } = stepAll({ ids: chatShort.prompt_ids }, { max_tokens: 5 });
+  assert.deepEqual(result.token_ids, chatShort.greedy_ids.slice(0, 5));
+});
+
+test("sampling: step-wise equals generate, the seed decides", () => {
+  const options = { max_tokens: 12, temperature: 0.8, top_k: 40, top_p: 0.9, seed: 7,
+    repetition_penalty: 1.1, stop_token_ids: [] };
+  const stepped = stepAll({ messages: chatShort.messages }, options).result;
+  const generated = generate({ messages: chatShort.messages }, options).result;
+  assert.deepEqual(stepped, generated);
+  const reseeded = stepAll({ messages: chatShort.messages }, { ...options, seed: 8 }).result;
+  assert.notDeepEqual(reseeded.token_ids, stepped.token_ids);
+});
+
+test("a bad prompt fails in begin and leaves no generation behind", () => {
+  assert.throws(() => engine.begin('{"text": "hi"}', "{}"), /invalid prompt JSON: unknown variant `text`/);
+  assert.throws(() => engine.begin('{"ids": []}', "{}"), /the prompt is empty/);
+  assert.throws(
+    () => engine.begin(JSON.stringify({ ids: new Array(2048).fill(1) }), "{}"),
+    /the prompt has 2048 tokens, which leaves no room/,
+  );
+  assert.throws(() => engine.begin('{"ids": [49152]}', "{}"), /token id 49152 is outside the vocabulary/);
+  assert.throws(() => engine.step(), /no generation in progress/);
 });
 
 test("decode speed (single thread, simd128)", () => {

@@ -1,10 +1,14 @@
 //! The engine: a model, its tokenizer and a backend session, and the generation loop
-//! (prefill the prompt as one batch, then decode token by token until a stop condition).
-use crate::cpu::{CpuSession, Logits};
+//! (prefill the prompt as one batch, then decode token by token until a stop condition). The
+//! loop is resumable: `begin` / `step` / `finish` run it one token per call, for callers that must
+//! return to an event loop between tokens (the WebAssembly bindings); `generate` loops over them.
+use crate::cpu::CpuSession;
 use crate::error::{LeanError, Result};
 use crate::model::Model;
 use crate::sampling::{Sampler, SamplingParams};
+use crate::session::{Logits, Session};
 use lean_tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// What to generate from.
 #[derive(Clone, Debug)]
@@ -73,6 +77,8 @@ pub struct Timings {
     pub prompt_tokens: usize,
     pub generated_tokens: usize,
     pub prefill_seconds: f64,
+    /// Time spent in `step` and `finish`: not the caller's time between steps (nor `generate`'s
+    /// callbacks).
     pub decode_seconds: f64,
 }
 
@@ -98,7 +104,9 @@ pub struct Generation {
 pub struct Engine {
     pub model: Model,
     pub tokenizer: Tokenizer,
-    session: CpuSession,
+    session: Box<dyn Session>,
+    /// The generation whose KV cache the session holds (see [`ActiveGeneration`]).
+    session_owner: u64,
 }
 
 /// Wall-clock seconds, where the platform has a clock (wasm32-unknown-unknown has none in std).
@@ -115,21 +123,45 @@ fn since(t: Option<std::time::Instant>) -> f64 {
 
 impl Engine {
     /// Checks that the tokenizer belongs to the model and sizes the KV cache for
-    /// `context_length` positions (capped at the model's training context).
+    /// `context_length` positions (capped at the model's training context), on the CPU.
     pub fn new(model: Model, tokenizer: Tokenizer, context_length: usize) -> Result<Self> {
+        Self::with_backend(model, tokenizer, context_length, |model, ctx| {
+            Ok(Box::new(CpuSession::new(model, ctx)))
+        })
+    }
+
+    /// As `new`, with the session made by `new_session(model, context_length)` (e.g. a GPU
+    /// session from `lean-gpu`).
+    pub fn with_backend(
+        model: Model,
+        tokenizer: Tokenizer,
+        context_length: usize,
+        new_session: impl FnOnce(&Model, usize) -> Result<Box<dyn Session>>,
+    ) -> Result<Self> {
         tokenizer.check_vocab(&model.vocabulary()?)?;
+        let ctx = Self::capped_context(&model, context_length)?;
+        let session = new_session(&model, ctx)?;
+        Ok(Engine {
+            model,
+            tokenizer,
+            session,
+            session_owner: NO_SESSION_OWNER,
+        })
+    }
+
+    /// The context length a session gets: the requested one, capped at the model's.
+    pub fn capped_context(model: &Model, context_length: usize) -> Result<usize> {
         if context_length == 0 {
             return Err(LeanError::InvalidArgument(
                 "the context length must be at least 1".into(),
             ));
         }
-        let ctx = context_length.min(model.config.train_context_length.max(1));
-        let session = CpuSession::new(&model, ctx);
-        Ok(Engine {
-            model,
-            tokenizer,
-            session,
-        })
+        Ok(context_length.min(model.config.train_context_length.max(1)))
+    }
+
+    /// Which backend runs, in one line.
+    pub fn backend(&self) -> String {
+        self.session.describe()
     }
 
     pub fn context_length(&self) -> usize {
@@ -154,18 +186,57 @@ impl Engine {
         ids: &[u32],
         on_logits: impl FnMut(usize, &[f32]) + Send,
     ) -> Result<()> {
+        let mut on_logits = on_logits;
+        self.session_owner = NO_SESSION_OWNER;
         self.session.truncate(0);
         self.session
-            .forward(&self.model, ids, Logits::All, on_logits)
+            .forward(&self.model, ids, Logits::All, &mut on_logits)
     }
 
     /// Generates from `prompt`, calling `on_token` for every token; return `false` from it to stop.
+    /// A loop over [`Engine::begin`], [`Engine::step`] and [`Engine::finish`].
     pub fn generate(
         &mut self,
         prompt: &Prompt,
         options: &GenerateOptions,
         mut on_token: impl FnMut(&TokenEvent) -> bool,
     ) -> Result<Generation> {
+        let mut active = self.begin(prompt, options)?;
+        let cancelled = loop {
+            let step = self.step(&mut active)?;
+            // The caller's answer comes first: declining the last token still cancels.
+            if let Some(token) = &step.token {
+                if !on_token(token) {
+                    break true;
+                }
+            }
+            if step.finished.is_some() {
+                break false;
+            }
+        };
+        let ended = self.finish(active)?;
+        if let Some(held_back) = &ended.held_back {
+            on_token(held_back);
+        }
+        let mut generation = ended.generation;
+        if cancelled {
+            generation.finish_reason = FinishReason::Cancelled;
+        }
+        Ok(generation)
+    }
+
+    /// Starts a generation: encodes and checks `prompt` and runs it through the model as one
+    /// batch. Then [`Engine::step`] produces the tokens one at a time, and [`Engine::finish`]
+    /// ends it (at any point: before a step reported the end, it counts as cancelled). The
+    /// session holds one generation: a later `begin` (or `logits_all`) makes this one's steps
+    /// fail.
+    pub fn begin(
+        &mut self,
+        prompt: &Prompt,
+        options: &GenerateOptions,
+    ) -> Result<ActiveGeneration> {
+        // Whatever happens below, the previous generation's cache is about to be overwritten.
+        self.session_owner = new_session_owner();
         let prompt_ids = self.encode(prompt)?;
         if prompt_ids.is_empty() {
             return Err(LeanError::InvalidArgument("the prompt is empty".into()));
@@ -177,72 +248,237 @@ impl Engine {
                 context_length: ctx,
             });
         }
-        let mut sampler = Sampler::new(options.sampling.clone())?;
-        let stop_ids = options
-            .stop_token_ids
-            .clone()
-            .unwrap_or_else(|| self.tokenizer.eos_token_ids());
-        let mut decoder = StreamDecoder::new(&self.tokenizer, true);
-        let mut seen = prompt_ids.clone();
-        let mut generated = Vec::new();
-        let mut text = String::new();
-        let mut timings = Timings {
-            prompt_tokens: prompt_ids.len(),
-            ..Default::default()
+        let sampler = Sampler::new(options.sampling.clone())?;
+        // Plain greedy decoding needs only the argmax: a GPU session then reads back 4 bytes
+        // per token instead of the logits.
+        let argmax_only =
+            sampler.params().is_greedy() && sampler.params().repetition_penalty == 1.0;
+        let mut active = ActiveGeneration {
+            session_owner: self.session_owner,
+            prompt_len: prompt_ids.len(),
+            ids: prompt_ids,
+            text: String::new(),
+            max_tokens: options.max_tokens,
+            stop_ids: options
+                .stop_token_ids
+                .clone()
+                .unwrap_or_else(|| self.tokenizer.eos_token_ids()),
+            sampler,
+            argmax_only,
+            logits: vec![0f32; self.model.config.vocab_size],
+            next_argmax: 0,
+            pending_forward: None,
+            decoder: StreamDecoder::new(true),
+            finish_reason: None,
+            timings: Timings::default(),
         };
-
         self.session.truncate(0);
-        let mut logits = vec![0f32; self.model.config.vocab_size];
         let t0 = now();
-        self.session
-            .forward(&self.model, &prompt_ids, Logits::Last, |_, l| {
-                logits.copy_from_slice(l)
-            })?;
-        timings.prefill_seconds = since(t0);
+        active.next_argmax = forward(
+            &mut *self.session,
+            &self.model,
+            &active.ids,
+            argmax_only,
+            &mut active.logits,
+        )?;
+        active.timings.prefill_seconds = since(t0);
+        Ok(active)
+    }
 
-        let t1 = now();
-        let finish = loop {
-            if generated.len() >= options.max_tokens {
-                break FinishReason::Length;
-            }
-            let id = sampler.sample(&mut logits, &seen);
-            generated.push(id);
-            seen.push(id);
-            if stop_ids.contains(&id) {
-                break FinishReason::Stop;
-            }
-            let piece = decoder.push(id)?.unwrap_or_default();
-            text.push_str(&piece);
-            if !on_token(&TokenEvent { id, text: piece }) {
-                break FinishReason::Cancelled;
-            }
-            if generated.len() >= options.max_tokens {
-                break FinishReason::Length;
-            }
-            if self.session.position() >= ctx {
-                break FinishReason::ContextFull;
-            }
-            self.session
-                .forward(&self.model, &[id], Logits::Last, |_, l| {
-                    logits.copy_from_slice(l)
-                })?;
-        };
-        let rest = decoder.finish()?;
-        if !rest.is_empty() {
-            text.push_str(&rest);
-            on_token(&TokenEvent {
-                id: *generated.last().unwrap_or(&0),
-                text: rest,
-            });
+    /// Produces the next token of `active`: runs the previous token through the model, samples,
+    /// and streams the token's text. `Step::finished` says when the generation is over (then
+    /// call [`Engine::finish`]); a step after that, or after a failed step, or once a later
+    /// `begin` took the session, is an error.
+    pub fn step(&mut self, active: &mut ActiveGeneration) -> Result<Step> {
+        if let Some(reason) = active.finish_reason {
+            return Err(LeanError::InvalidArgument(format!(
+                "the generation is over ({}): call finish, then begin a new one",
+                reason.as_str()
+            )));
         }
-        timings.decode_seconds = since(t1);
-        timings.generated_tokens = generated.len();
-        Ok(Generation {
-            prompt_ids,
-            token_ids: generated,
-            text,
-            finish_reason: finish,
-            timings,
+        if active.session_owner != self.session_owner {
+            return Err(LeanError::InvalidArgument(
+                "this generation can no longer continue (a step of it failed, or a later begin \
+                 or logits_all reused the session): begin a new one"
+                    .into(),
+            ));
+        }
+        let t0 = now();
+        let step = self.advance(active);
+        active.timings.decode_seconds += since(t0);
+        if step.is_err() {
+            // Its cache and ids may disagree now.
+            active.session_owner = NO_SESSION_OWNER;
+        }
+        step
+    }
+
+    /// `step` without the checks: the loop body of the generation.
+    fn advance(&mut self, active: &mut ActiveGeneration) -> Result<Step> {
+        if let Some(id) = active.pending_forward.take() {
+            active.next_argmax = forward(
+                &mut *self.session,
+                &self.model,
+                &[id],
+                active.argmax_only,
+                &mut active.logits,
+            )?;
+        }
+        if active.token_ids().len() >= active.max_tokens {
+            return Ok(active.end(None, FinishReason::Length));
+        }
+        let id = if active.argmax_only {
+            active.next_argmax
+        } else {
+            active.sampler.sample(&mut active.logits, &active.ids)
+        };
+        active.ids.push(id);
+        if active.stop_ids.contains(&id) {
+            return Ok(active.end(None, FinishReason::Stop));
+        }
+        let text = active
+            .decoder
+            .push(&self.tokenizer, id)?
+            .unwrap_or_default();
+        active.text.push_str(&text);
+        let token = Some(TokenEvent { id, text });
+        // Decided now rather than in the next step, so the caller learns it with the last token.
+        if active.token_ids().len() >= active.max_tokens {
+            return Ok(active.end(token, FinishReason::Length));
+        }
+        if self.session.position() >= self.session.context_length() {
+            return Ok(active.end(token, FinishReason::ContextFull));
+        }
+        active.pending_forward = Some(id);
+        Ok(Step {
+            token,
+            finished: None,
         })
     }
+
+    /// Ends `active`: the reason a step reported, or `Cancelled` when none did. The text the
+    /// stream decoder still held back comes out as one more event (with the last generated id).
+    pub fn finish(&self, active: ActiveGeneration) -> Result<Ended> {
+        let mut active = active;
+        let t0 = now();
+        let rest = active.decoder.finish(&self.tokenizer)?;
+        let held_back = (!rest.is_empty()).then(|| {
+            active.text.push_str(&rest);
+            TokenEvent {
+                id: active.ids[active.prompt_len..].last().copied().unwrap_or(0),
+                text: rest,
+            }
+        });
+        let mut timings = active.timings;
+        timings.decode_seconds += since(t0);
+        timings.prompt_tokens = active.prompt_len;
+        timings.generated_tokens = active.ids.len() - active.prompt_len;
+        let token_ids = active.ids.split_off(active.prompt_len);
+        Ok(Ended {
+            held_back,
+            generation: Generation {
+                prompt_ids: active.ids,
+                token_ids,
+                text: active.text,
+                finish_reason: active.finish_reason.unwrap_or(FinishReason::Cancelled),
+                timings,
+            },
+        })
+    }
+}
+
+/// What one [`Engine::step`] produced.
+#[derive(Clone, Debug)]
+pub struct Step {
+    /// The generated token and the text it completes; `None` when the step generated a stop
+    /// token (which is in the ids but not streamed) or nothing (`max_tokens` reached).
+    pub token: Option<TokenEvent>,
+    /// Set when the generation is over; then call [`Engine::finish`].
+    pub finished: Option<FinishReason>,
+}
+
+/// What [`Engine::finish`] returns.
+#[derive(Clone, Debug)]
+pub struct Ended {
+    /// The text the stream decoder held back to the end (an incomplete character, written as
+    /// U+FFFD like `decode` does), with the last generated id; `None` when there was none.
+    pub held_back: Option<TokenEvent>,
+    pub generation: Generation,
+}
+
+/// A generation between [`Engine::begin`] and [`Engine::finish`]: everything its loop keeps from
+/// one token to the next, owned, so that a caller can resume it later (e.g. a Web Worker between
+/// two turns of its event loop). The KV cache stays in the engine's session.
+pub struct ActiveGeneration {
+    /// Which `begin` of the engine this is; steps check it against the session's current owner.
+    session_owner: u64,
+    prompt_len: usize,
+    /// The prompt, then the generated ids (the repetition penalty looks at all of them).
+    ids: Vec<u32>,
+    text: String,
+    max_tokens: usize,
+    stop_ids: Vec<u32>,
+    sampler: Sampler,
+    argmax_only: bool,
+    /// The last forward's output: its logits, or only their argmax when that is all sampling needs.
+    logits: Vec<f32>,
+    next_argmax: u32,
+    /// The last generated id, still to run through the model before the next sample.
+    pending_forward: Option<u32>,
+    decoder: StreamDecoder,
+    finish_reason: Option<FinishReason>,
+    timings: Timings,
+}
+
+impl ActiveGeneration {
+    pub fn prompt_ids(&self) -> &[u32] {
+        &self.ids[..self.prompt_len]
+    }
+
+    /// The ids generated so far (a stop id included).
+    pub fn token_ids(&self) -> &[u32] {
+        &self.ids[self.prompt_len..]
+    }
+
+    /// Set once a step reported the end.
+    pub fn finish_reason(&self) -> Option<FinishReason> {
+        self.finish_reason
+    }
+
+    fn end(&mut self, token: Option<TokenEvent>, reason: FinishReason) -> Step {
+        self.finish_reason = Some(reason);
+        Step {
+            token,
+            finished: Some(reason),
+        }
+    }
+}
+
+/// No generation owns a session with this id (a fresh engine's, or after `logits_all`), and a
+/// failed generation takes it so that its steps stop.
+const NO_SESSION_OWNER: u64 = 0;
+
+/// Ids of `begin` calls, unique across engines, so that a generation cannot step on the session
+/// of another engine either.
+fn new_session_owner() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(NO_SESSION_OWNER + 1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Runs `tokens`; returns the argmax (`argmax_only`) or fills `logits` with the last token's
+/// logits (and returns 0).
+fn forward(
+    session: &mut dyn Session,
+    model: &Model,
+    tokens: &[u32],
+    argmax_only: bool,
+    logits: &mut [f32],
+) -> Result<u32> {
+    if argmax_only {
+        return session.forward_argmax(model, tokens);
+    }
+    session.forward(model, tokens, Logits::Last, &mut |_, l| {
+        logits.copy_from_slice(l)
+    })?;
+    Ok(0)
 }

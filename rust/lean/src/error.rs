@@ -16,6 +16,8 @@ pub enum LeanError {
     },
     /// An argument is out of range (a sampling parameter, a token id, ...).
     InvalidArgument(String),
+    /// The compute backend failed (e.g. no GPU adapter, out of GPU memory, device lost).
+    Backend(String),
     /// Reading a file failed.
     Io {
         path: String,
@@ -36,6 +38,7 @@ impl fmt::Display for LeanError {
                 "the prompt has {prompt_tokens} tokens, which leaves no room to generate in a context of {context_length} tokens (raise --ctx or shorten the prompt)"
             ),
             LeanError::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
+            LeanError::Backend(m) => write!(f, "backend: {m}"),
             LeanError::Io { path, source } => write!(f, "{path}: {source}"),
         }
     }

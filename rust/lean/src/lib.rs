@@ -10,9 +10,14 @@ pub mod engine;
 pub mod error;
 pub mod model;
 pub mod sampling;
+pub mod session;
+pub mod synthetic;
 
 pub use config::{Architecture, ModelConfig};
-pub use engine::{Engine, FinishReason, GenerateOptions, Generation, Prompt, Timings, TokenEvent};
+pub use engine::{
+    ActiveGeneration, Ended, Engine, FinishReason, GenerateOptions, Generation, Prompt, Step,
+    Timings, TokenEvent,
+};
 pub use error::{LeanError, Result};
 pub use lean_gguf as gguf;
 pub use lean_quant as quant;
@@ -20,3 +25,4 @@ pub use lean_tokenizer as tokenizer;
 pub use lean_tokenizer::{ChatMessage, Tokenizer};
 pub use model::{Model, ModelBytes};
 pub use sampling::SamplingParams;
+pub use session::{Logits, Session};

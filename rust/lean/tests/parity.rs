@@ -1,160 +1,16 @@
-//! Token-exactness against the HF transformers float32 reference (fixtures/hf, made by
-//! scripts/gen_fixtures.py): prompt ids, greedy ids, and teacher-forced logits at every position.
+//! Token-exactness of the CPU backend against the HF transformers float32 reference on every
+//! test model file and every fixture case (see parity_check.rs).
 mod common;
+mod parity_check;
 
-use lean::{ChatMessage, Engine, GenerateOptions, Model, Prompt, Tokenizer};
-use serde::Deserialize;
-
-/// Logits may differ from the reference by float32 summation order only: measured worst
-/// 2.1e-4 (SmolLM2 Q4_0), 5e-5 (Qwen2.5); a 10× margin.
-const LOGIT_TOLERANCE: f32 = 2e-3;
-/// A reference step whose top-1 minus top-2 logit is below this is a near-tie: summation order
-/// alone can flip it. Failures there are reported as such.
-const NEAR_TIE: f32 = 1e-2;
-
-#[derive(Deserialize)]
-struct Fixture {
-    cases: Vec<Case>,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    name: String,
-    kind: String,
-    messages: Option<Vec<ChatMessage>>,
-    prompt: Option<String>,
-    prompt_ids: Vec<u32>,
-    greedy_ids: Vec<u32>,
-    steps: Vec<Step>,
-    positions: Vec<Step>,
-}
-
-#[derive(Deserialize)]
-struct Step {
-    top_ids: Vec<u32>,
-    top_logits: Vec<f32>,
-}
-
-impl Step {
-    fn margin(&self) -> f32 {
-        self.top_logits[0] - self.top_logits[1]
-    }
-}
-
-fn engine_for(file: &str) -> Option<(Engine, Fixture)> {
-    let models = common::models_dir()?;
-    let fixture_path = common::repo_root()
-        .join("fixtures/hf")
-        .join(file.replace(".gguf", ".json"));
-    let fixture: Fixture = serde_json::from_slice(&std::fs::read(&fixture_path).expect("fixture"))
-        .expect("fixture json");
-    let model = Model::load_file(&models.join(file)).expect("model loads");
-    let tokenizer =
-        Tokenizer::from_path(&common::tokenizer_dir_for(&models, file)).expect("tokenizer loads");
-    Some((
-        Engine::new(model, tokenizer, 1024).expect("engine"),
-        fixture,
-    ))
-}
+use lean::Engine;
 
 fn check_model(file: &str) {
-    let Some((mut engine, fixture)) = engine_for(file) else {
+    let Some((model, tokenizer)) = parity_check::load(file) else {
         return;
     };
-    let mut failures = Vec::new();
-    let mut worst_logit_error = 0f32;
-    for case in &fixture.cases {
-        let prompt = match case.kind.as_str() {
-            "chat" => Prompt::Chat(case.messages.clone().unwrap()),
-            _ => Prompt::Raw(case.prompt.clone().unwrap()),
-        };
-        // 1. prompt ids, through the tokenizer and chat template
-        let ids = engine.encode(&prompt).unwrap();
-        if ids != case.prompt_ids {
-            failures.push(format!(
-                "{file} {}: prompt ids differ\n  ours {ids:?}\n  ref  {:?}",
-                case.name, case.prompt_ids
-            ));
-            continue;
-        }
-        // 2. greedy generation (no stop tokens, as the reference)
-        let options = GenerateOptions {
-            max_tokens: case.greedy_ids.len(),
-            stop_token_ids: Some(vec![]),
-            ..Default::default()
-        };
-        let generation = engine
-            .generate(&Prompt::Ids(ids.clone()), &options, |_| true)
-            .unwrap();
-        if let Some(i) = generation
-            .token_ids
-            .iter()
-            .zip(&case.greedy_ids)
-            .position(|(a, b)| a != b)
-        {
-            let step = &case.steps[i];
-            let kind = if step.margin() < NEAR_TIE {
-                "near-tie"
-            } else {
-                "REAL MISMATCH"
-            };
-            failures.push(format!(
-                "{file} {}: greedy step {i}: ours {} ref {} ({kind}: reference margin {:.4}, top ids {:?} logits {:?})",
-                case.name, generation.token_ids[i], case.greedy_ids[i], step.margin(), &step.top_ids[..3], &step.top_logits[..3]
-            ));
-        } else if generation.token_ids.len() != case.greedy_ids.len() {
-            failures.push(format!(
-                "{file} {}: generated {} tokens, expected {}",
-                case.name,
-                generation.token_ids.len(),
-                case.greedy_ids.len()
-            ));
-        }
-        // 3. teacher-forced logits at every position of prompt + reference continuation
-        let all: Vec<u32> = case
-            .prompt_ids
-            .iter()
-            .chain(&case.greedy_ids)
-            .copied()
-            .collect();
-        let mut first_bad: Option<String> = None;
-        engine
-            .logits_all(&all, |p, logits| {
-                let r = &case.positions[p];
-                let ours_top = lean::sampling::argmax(logits);
-                for (&id, &want) in r.top_ids.iter().zip(&r.top_logits) {
-                    let err = (logits[id as usize] - want).abs();
-                    worst_logit_error = worst_logit_error.max(err);
-                    if err > LOGIT_TOLERANCE && first_bad.is_none() {
-                        first_bad = Some(format!(
-                            "position {p}: logit of {id} is {} want {want}",
-                            logits[id as usize]
-                        ));
-                    }
-                }
-                if ours_top != r.top_ids[0] && first_bad.is_none() {
-                    let kind = if r.margin() < NEAR_TIE {
-                        "near-tie"
-                    } else {
-                        "REAL MISMATCH"
-                    };
-                    first_bad = Some(format!(
-                        "position {p}: top-1 ours {ours_top} ref {} ({kind}, margin {:.4})",
-                        r.top_ids[0],
-                        r.margin()
-                    ));
-                }
-            })
-            .unwrap();
-        if let Some(msg) = first_bad {
-            failures.push(format!("{file} {}: teacher-forced {msg}", case.name));
-        }
-    }
-    eprintln!(
-        "{file}: {} cases, worst teacher-forced logit error {worst_logit_error:.2e}",
-        fixture.cases.len()
-    );
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let mut engine = Engine::new(model, tokenizer, 1024).expect("engine");
+    parity_check::check_engine(&mut engine, file, |_| true, None);
 }
 
 #[test]

@@ -1,28 +1,50 @@
-// Decode attention of one token, one workgroup per query head (grouped-query: head h reads kv
-// head h / (n_heads / n_kv_heads)), as HF computes it: softmax(q·kᵀ · scale) · v.
-// Cache layout, from cache_offset: keys and values both [kv_head][capacity][head_dim]; the
-// first `len` positions are valid. Scores go to a scratch buffer [n_heads][capacity] because
-// a long context does not fit in workgroup memory.
+// Causal grouped-query attention of n_tokens new tokens (decode: 1; prefill: a chunk) over
+// the KV cache, as HF computes it: softmax(q·kᵀ · scale) · v — first pass (split-K, "flash
+// decoding"): one workgroup per (token, head, split) handles the positions
+// [split * split_len, (split + 1) * split_len) that the token sees, walking them in chunks of
+// WORKGROUP with an online softmax (running max and sum, the output rescaled when the max
+// grows), and writes its partial (max, sum, unnormalized output) for attention_combine.wgsl.
+// Token t sits at position step.pos0 + t and sees positions 0 ..= pos0 + t; head h reads kv
+// head h / (n_heads / n_kv_heads). Splits let a single decoded token use many workgroups.
+// Cache layout, from cache_offset: keys and values both [kv_head][capacity][head_dim].
 
 struct Params {
     n_heads: u32,
     n_kv_heads: u32,
-    head_dim: u32,
-    len: u32,
+    head_dim: u32,     // at most MAX_HEAD_DIM
+    n_tokens: u32,
     capacity: u32,
     cache_offset: u32, // elements: this layer's first key (and value)
     scale: f32,
-    _pad: u32,
+    n_splits: u32,
+    split_len: u32,    // positions per split, a multiple of WORKGROUP
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+struct Step {
+    pos0: u32, // position of the first new token
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> keys: array<f32>;
-@group(0) @binding(3) var<storage, read> vals: array<f32>;
-@group(0) @binding(4) var<storage, read_write> scores: array<f32>;
-@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(2) var<storage, read> q: array<f32>;    // [token][head][head_dim]
+@group(0) @binding(3) var<storage, read> keys: array<f32>;
+@group(0) @binding(4) var<storage, read> vals: array<f32>;
+// [token][head][split][2 + head_dim]: max, sum, then the unnormalized output
+@group(0) @binding(5) var<storage, read_write> partials: array<f32>;
 
-const WORKGROUP: u32 = 128u;
+const WORKGROUP: u32 = 64u;
+const MAX_HEAD_DIM: u32 = 256u;
+const DIMS_PER_THREAD: u32 = MAX_HEAD_DIM / WORKGROUP;
+const LOWEST: f32 = -3.4028235e38;
+
+var<workgroup> q_head: array<f32, MAX_HEAD_DIM>;
+var<workgroup> probs: array<f32, WORKGROUP>;
 var<workgroup> partial: array<f32, WORKGROUP>;
 
 // Tree reduction of `partial` by max (is_max) or sum; every thread gets the result.
@@ -45,46 +67,78 @@ fn reduce(lid: u32, is_max: bool) -> f32 {
 }
 
 @compute @workgroup_size(WORKGROUP)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let h = wid.x;
-    if (h >= p.n_heads) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let group = wid.x + wid.y * groups.x;
+    let split = group % p.n_splits;
+    let h = (group / p.n_splits) % p.n_heads;
+    let t = group / p.n_splits / p.n_heads;
+    if (t >= p.n_tokens) {
         return;
     }
+    let len = step.pos0 + t + 1u;
+    let first = split * p.split_len;
+    // Splits past the token's last position have nothing to do (the combine skips them).
+    if (first >= len) {
+        return;
+    }
+    let end = min(len, first + p.split_len);
     let hd = p.head_dim;
-    let g = h / (p.n_heads / p.n_kv_heads);
-    let kv_base = p.cache_offset + g * p.capacity * hd;
-    let q_base = h * hd;
-    let s_base = h * p.capacity;
-
-    var local_max = -3.4028235e38;
-    for (var t = lid; t < p.len; t += WORKGROUP) {
-        var dot = 0.0;
-        for (var d = 0u; d < hd; d++) {
-            dot += q[q_base + d] * keys[kv_base + t * hd + d];
-        }
-        let s = dot * p.scale;
-        scores[s_base + t] = s;
-        local_max = max(local_max, s);
-    }
-    partial[lid] = local_max;
-    let m = reduce(lid, true);
-
-    var local_sum = 0.0;
-    for (var t = lid; t < p.len; t += WORKGROUP) {
-        let e = exp(scores[s_base + t] - m);
-        scores[s_base + t] = e;
-        local_sum += e;
-    }
-    partial[lid] = local_sum;
-    let sum = reduce(lid, false);
-    // The exponentials were written by other threads of this group.
-    storageBarrier();
-
+    let kv_base = p.cache_offset + (h / (p.n_heads / p.n_kv_heads)) * p.capacity * hd;
+    let q_base = (t * p.n_heads + h) * hd;
     for (var d = lid; d < hd; d += WORKGROUP) {
-        var acc = 0.0;
-        for (var t = 0u; t < p.len; t++) {
-            acc += (scores[s_base + t] / sum) * vals[kv_base + t * hd + d];
+        q_head[d] = q[q_base + d];
+    }
+    workgroupBarrier();
+
+    var running_max = LOWEST;
+    var running_sum = 0.0;
+    var acc: array<f32, DIMS_PER_THREAD>;
+    for (var c0 = first; c0 < end; c0 += WORKGROUP) {
+        let pos = c0 + lid;
+        var score = LOWEST;
+        if (pos < end) {
+            var dot = 0.0;
+            for (var d = 0u; d < hd; d++) {
+                dot += q_head[d] * keys[kv_base + pos * hd + d];
+            }
+            score = dot * p.scale;
         }
-        out[q_base + d] = acc;
+        partial[lid] = score;
+        let new_max = max(running_max, reduce(lid, true));
+        var e = 0.0;
+        if (pos < end) {
+            e = exp(score - new_max);
+        }
+        probs[lid] = e;
+        partial[lid] = e;
+        let chunk_sum = reduce(lid, false); // its barriers also publish `probs`
+        let rescale = exp(running_max - new_max);
+        running_sum = running_sum * rescale + chunk_sum;
+        running_max = new_max;
+        let n = min(WORKGROUP, end - c0);
+        for (var i = 0u; i < DIMS_PER_THREAD; i++) {
+            let d = lid + i * WORKGROUP;
+            if (d < hd) {
+                var a = acc[i] * rescale;
+                for (var j = 0u; j < n; j++) {
+                    a += probs[j] * vals[kv_base + (c0 + j) * hd + d];
+                }
+                acc[i] = a;
+            }
+        }
+        // `probs` is rewritten by the next chunk.
+        workgroupBarrier();
+    }
+    let base = ((t * p.n_heads + h) * p.n_splits + split) * (hd + 2u);
+    if (lid == 0u) {
+        partials[base] = running_max;
+        partials[base + 1u] = running_sum;
+    }
+    for (var i = 0u; i < DIMS_PER_THREAD; i++) {
+        let d = lid + i * WORKGROUP;
+        if (d < hd) {
+            partials[base + 2u + d] = acc[i];
+        }
     }
 }

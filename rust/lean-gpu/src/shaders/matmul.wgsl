@@ -13,6 +13,10 @@ struct Params {
     n_tokens: u32,
     out_stride: u32,    // rows of the whole matrix (y is n_tokens × out_stride)
     row_tiles: u32,     // ceil(rows / TILE)
+    accumulate: u32,    // 1: y += x·Wᵀ (a residual add fused in); 0: y = x·Wᵀ
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -73,7 +77,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
         let r = row0 + tr + i / 2u;
         let t = tok0 + tt + i % 2u;
         if (r < p.rows && t < p.n_tokens) {
-            y[t * p.out_stride + p.first_row + r] = acc[i];
+            let at = t * p.out_stride + p.first_row + r;
+            var sum = acc[i];
+            if (p.accumulate != 0u) {
+                sum = y[at] + sum;
+            }
+            y[at] = sum;
         }
     }
 }

@@ -10,7 +10,7 @@ struct Params {
     row_bytes: u32,
     weight_offset: u32, // byte offset of the part's first row in `w` (a multiple of 4)
     first_row: u32,     // index in y of the part's first row
-    _pad0: u32,
+    accumulate: u32,    // 1: y += W·x (a residual add fused in); 0: y = W·x
     _pad1: u32,
     _pad2: u32,
 }
@@ -51,6 +51,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
         workgroupBarrier();
     }
     if (lane == 0u && row < p.rows) {
-        y[p.first_row + row] = partial[lid];
+        var sum = partial[lid];
+        if (p.accumulate != 0u) {
+            sum = y[p.first_row + row] + sum;
+        }
+        y[p.first_row + row] = sum;
     }
 }

@@ -7,15 +7,23 @@ struct Params {
     n_heads: u32,
     head_dim: u32,
     rope_dim: u32, // leading dimensions of each head that rotate (even)
-    pos0: u32,     // position of the first token
+    _pad2: u32,
     neox: u32,     // 1: pairs (i, i + rope_dim/2) (qwen2); 0: pairs (2i, 2i + 1) (llama GGUF)
     _pad0: u32,
     _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> x: array<f32>;
-@group(0) @binding(2) var<storage, read> cos_sin: array<vec2<f32>>; // [position][rope_dim/2]
+struct Step {
+    pos0: u32, // position of the first token
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(2) var<storage, read_write> x: array<f32>;
+@group(0) @binding(3) var<storage, read> cos_sin: array<vec2<f32>>; // [position][rope_dim/2]
 
 const WORKGROUP: u32 = 64u;
 
@@ -37,7 +45,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
         b = i + half;
     }
     let base = head * p.head_dim;
-    let cs = cos_sin[(p.pos0 + token) * half + i];
+    let cs = cos_sin[(step.pos0 + token) * half + i];
     let x0 = x[base + a];
     let x1 = x[base + b];
     x[base + a] = x0 * cs.x + (-x1) * cs.y;

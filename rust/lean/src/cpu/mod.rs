@@ -6,6 +6,8 @@ pub mod ops;
 
 use crate::error::{LeanError, Result};
 use crate::model::{Matrix, Model};
+pub use crate::session::Logits;
+use crate::session::Session;
 use ops::RopeTable;
 
 /// Tokens per prefill batch: bounds the scratch memory while keeping the matmuls large.
@@ -102,15 +104,6 @@ pub struct CpuSession {
     rope: RopeTable,
     pos: usize,
     scratch: Scratch,
-}
-
-/// Which positions of a forward pass need logits.
-#[derive(Copy, Clone, PartialEq, Eq, Debug)]
-pub enum Logits {
-    /// Only the last token's (generation).
-    Last,
-    /// Every token's (teacher-forced evaluation).
-    All,
 }
 
 impl CpuSession {
@@ -278,6 +271,38 @@ impl CpuSession {
         for r in 0..rows {
             on_logits(first + r, &logits[r * vocab..(r + 1) * vocab]);
         }
+    }
+}
+
+impl Session for CpuSession {
+    fn describe(&self) -> String {
+        #[cfg(feature = "threads")]
+        let threads = rayon::current_num_threads();
+        #[cfg(not(feature = "threads"))]
+        let threads = 1;
+        let s = if threads == 1 { "" } else { "s" };
+        format!("cpu ({}, {threads} thread{s})", lean_quant::isa())
+    }
+    fn context_length(&self) -> usize {
+        CpuSession::context_length(self)
+    }
+    fn position(&self) -> usize {
+        CpuSession::position(self)
+    }
+    fn kv_bytes(&self) -> usize {
+        CpuSession::kv_bytes(self)
+    }
+    fn truncate(&mut self, pos: usize) {
+        CpuSession::truncate(self, pos)
+    }
+    fn forward(
+        &mut self,
+        model: &Model,
+        tokens: &[u32],
+        want: Logits,
+        on_logits: &mut (dyn FnMut(usize, &[f32]) + Send),
+    ) -> Result<()> {
+        CpuSession::forward(self, model, tokens, want, on_logits)
     }
 }
 

@@ -85,6 +85,16 @@ impl RopeTable {
         }
     }
 
+    /// The table as (cos, sin) pairs, [position][frequency]: what the GPU backend uploads, so
+    /// both backends rotate with the same values.
+    pub fn cos_sin_pairs(&self) -> Vec<[f32; 2]> {
+        self.cos
+            .iter()
+            .zip(&self.sin)
+            .map(|(&c, &s)| [c, s])
+            .collect()
+    }
+
     pub fn positions(&self) -> usize {
         self.cos.len() / self.half.max(1)
     }

@@ -1,0 +1,347 @@
+/**
+ * The main-thread side: an {@link Engine} is a thin client of the worker's message protocol
+ * (protocol.ts). Generations run one at a time in the worker; a second `generate` waits for the
+ * first to end (it is queued, not rejected).
+ */
+import { ErrorName, fromWireError, leanError } from "./errors.js";
+import type {
+  Backend,
+  ChatMessage,
+  GenerateParams,
+  GenerationResult,
+  LoadProgress,
+  LoadRequest,
+  ModelInfo,
+  Reply,
+  Request,
+  Token,
+  WirePrompt,
+} from "./protocol.js";
+import { toEngineOptions } from "./protocol.js";
+
+/** What the engine needs of a Worker (a fake one in tests). */
+export interface WorkerLike {
+  postMessage(message: Request, transfer?: Transferable[]): void;
+  terminate(): void;
+  onmessage: ((event: MessageEvent<Reply>) => void) | null;
+  onerror: ((event: ErrorEvent) => void) | null;
+}
+
+export interface GenerateOptions extends GenerateParams {
+  /** Aborting stops the generation within one token; the iterator then throws the reason. */
+  signal?: AbortSignal;
+}
+
+/**
+ * The tokens of one generation, as an async iterator. The generation starts at once (after any
+ * generation queued before it), whether or not anyone iterates; tokens not yet read are kept.
+ * Breaking out of the `for await` loop stops it; `result` resolves once it ended (finishReason
+ * "cancelled" when stopped early), or rejects with its error.
+ */
+export interface TokenStream extends AsyncIterableIterator<Token> {
+  readonly result: Promise<GenerationResult>;
+  /** Stops the generation (what `break` in `for await` calls). */
+  return(): Promise<IteratorResult<Token>>;
+}
+
+export interface LoadHooks {
+  onProgress?: (progress: LoadProgress) => void;
+  onWarning?: (message: string) => void;
+}
+
+interface Deferred<T> {
+  promise: Promise<T>;
+  resolve(value: T): void;
+  reject(reason: unknown): void;
+}
+
+function deferred<T>(): Deferred<T> {
+  let resolve!: (value: T) => void;
+  let reject!: (reason: unknown) => void;
+  const promise = new Promise<T>((res, rej) => {
+    resolve = res;
+    reject = rej;
+  });
+  return { promise, resolve, reject };
+}
+
+/** What a generation's iterator reads: its tokens, then its end or its error. */
+type StreamItem = { token: Token } | { end: true } | { error: unknown };
+
+/** Unbounded FIFO whose `shift` waits for the next item. */
+class AsyncQueue<T> {
+  #items: T[] = [];
+  #waiting: ((item: T) => void)[] = [];
+
+  push(item: T): void {
+    const waiter = this.#waiting.shift();
+    if (waiter) waiter(item);
+    else this.#items.push(item);
+  }
+
+  shift(): Promise<T> {
+    if (this.#items.length > 0) return Promise.resolve(this.#items.shift() as T);
+    return new Promise((resolve) => this.#waiting.push(resolve));
+  }
+}
+
+function abortReason(signal: AbortSignal): unknown {
+  return signal.reason ?? leanError(ErrorName.Abort, "the operation was aborted");
+}
+
+/** `promise`, or the signal's reason as soon as it aborts. */
+function raceAbort<T>(promise: Promise<T>, signal: AbortSignal | undefined): Promise<T> {
+  if (!signal) return promise;
+  if (signal.aborted) return Promise.reject(abortReason(signal));
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(abortReason(signal));
+    signal.addEventListener("abort", onAbort, { once: true });
+    promise.then(
+      (value) => {
+        signal.removeEventListener("abort", onAbort);
+        resolve(value);
+      },
+      (error: unknown) => {
+        signal.removeEventListener("abort", onAbort);
+        reject(error);
+      },
+    );
+  });
+}
+
+function toWirePrompt(prompt: string | readonly ChatMessage[]): WirePrompt {
+  if (typeof prompt === "string") return { raw: prompt };
+  if (!Array.isArray(prompt)) {
+    throw new TypeError("the prompt must be a string or an array of {role, content} messages");
+  }
+  prompt.forEach((m: unknown, i) => {
+    const message = m as Partial<ChatMessage> | null;
+    if (typeof message?.role !== "string" || typeof message.content !== "string") {
+      throw new TypeError(`message ${i} must be {role: string, content: string}`);
+    }
+  });
+  // Only role and content cross: extra fields would fail the worker's structured clone or JSON.
+  return { messages: prompt.map(({ role, content }) => ({ role, content })) };
+}
+
+export class Engine {
+  /** The backend that runs the model. */
+  readonly backend: Backend;
+  /** Why this backend (for `auto`: why each faster one was not used, e.g. missing COOP/COEP). */
+  readonly backendReason: string;
+  readonly info: ModelInfo;
+  readonly #worker: WorkerLike;
+  readonly #handlers = new Map<number, (reply: Reply) => void>();
+  /** Request ids; 0 was the load. */
+  #nextId = 1;
+  #failure: Error | null = null;
+  /** Settles when the last queued generation has ended in the worker. */
+  #tail: Promise<void> = Promise.resolve();
+
+  /** Use {@link Engine.start} (or `createEngine`). */
+  private constructor(worker: WorkerLike, loaded: Extract<Reply, { type: "loaded" }>) {
+    this.#worker = worker;
+    this.backend = loaded.backend;
+    this.backendReason = loaded.backendReason;
+    this.info = loaded.info;
+    worker.onmessage = (event) => this.#route(event.data);
+    worker.onerror = (event) => {
+      event.preventDefault?.();
+      this.#fail(leanError(ErrorName.Disposed, `the lean worker failed: ${event.message ?? "unknown error"}`));
+    };
+  }
+
+  /** Loads a model in `worker`; resolves once it is ready. Rejects (and terminates the worker) on failure. */
+  static start(worker: WorkerLike, load: Omit<LoadRequest, "type" | "id">, hooks: LoadHooks = {}): Promise<Engine> {
+    const done = deferred<Engine>();
+    const fail = (error: Error) => {
+      worker.terminate();
+      done.reject(error);
+    };
+    worker.onmessage = (event) => {
+      const reply = event.data;
+      switch (reply.type) {
+        case "progress":
+          hooks.onProgress?.(reply.progress);
+          return;
+        case "warning":
+          (hooks.onWarning ?? console.warn)(reply.message);
+          return;
+        case "loaded":
+          done.resolve(new Engine(worker, reply));
+          return;
+        case "error":
+          fail(fromWireError(reply.error));
+          return;
+      }
+    };
+    worker.onerror = (event) => {
+      event.preventDefault?.();
+      fail(leanError(ErrorName.Disposed, `the lean worker failed to start: ${event.message ?? "unknown error"}`));
+    };
+    worker.postMessage({ type: "load", id: 0, ...load }, transferables(load));
+    return done.promise;
+  }
+
+  /** False once the engine was disposed or the WebAssembly module trapped (see `failure`). */
+  get usable(): boolean {
+    return this.#failure === null;
+  }
+
+  /** Why the engine is unusable, or null. */
+  get failure(): Error | null {
+    return this.#failure;
+  }
+
+  /**
+   * Generates from a raw prompt (a string, tokenized as is) or a conversation (rendered with the
+   * model's chat template). Tokens stream as `{text, tokenId}`.
+   */
+  generate(prompt: string | readonly ChatMessage[], options: GenerateOptions = {}): TokenStream {
+    const { signal, ...params } = options;
+    const wirePrompt = toWirePrompt(prompt);
+    toEngineOptions(params); // refuse bad options now, not when the generation's turn comes
+    const id = this.#nextId++;
+    const items = new AsyncQueue<StreamItem>();
+    const result = deferred<GenerationResult>();
+    // Callers who only iterate never look at `result`: its rejection must not go unhandled.
+    result.promise.catch(() => {});
+    // The worker runs one generation at a time: this one starts when the previous one ended there.
+    const previous = this.#tail;
+    const ended = deferred<void>();
+    this.#tail = previous.then(() => ended.promise);
+    let state: "queued" | "running" | "ended" = "queued";
+    let stopRequested = false;
+
+    const end = (outcome: { result: GenerationResult } | { error: unknown }) => {
+      state = "ended";
+      this.#handlers.delete(id);
+      signal?.removeEventListener("abort", stop);
+      if ("result" in outcome) {
+        result.resolve(outcome.result);
+        items.push({ end: true });
+      } else {
+        result.reject(outcome.error);
+        items.push({ error: outcome.error });
+      }
+      ended.resolve();
+    };
+    /** Stops the generation: before it starts, it never will; while it runs, the worker ends it. */
+    const stop = () => {
+      if (stopRequested || state === "ended") return;
+      stopRequested = true;
+      if (state === "running" && this.#failure === null) this.#post({ type: "cancel", id });
+    };
+    signal?.addEventListener("abort", stop, { once: true });
+
+    // Started now rather than on the first next(): `result` settles even if nobody iterates.
+    void (async () => {
+      try {
+        await raceAbort(previous, signal);
+        this.#assertUsable();
+        if (stopRequested) throw leanError(ErrorName.Abort, "the generation was stopped before it started");
+      } catch (e) {
+        end({ error: e });
+        return;
+      }
+      state = "running";
+      this.#handlers.set(id, (reply) => {
+        if (reply.type === "tokens") for (const token of reply.tokens) items.push({ token });
+        else if (reply.type === "done") end({ result: reply.result });
+        else if (reply.type === "error") end({ error: fromWireError(reply.error) });
+      });
+      this.#post({ type: "generate", id, prompt: wirePrompt, params });
+    })();
+
+    let iteratorDone = false;
+    const stream: TokenStream = {
+      result: result.promise,
+      [Symbol.asyncIterator]() {
+        return stream;
+      },
+      async next() {
+        if (iteratorDone) return { done: true, value: undefined };
+        let item: StreamItem;
+        try {
+          item = await raceAbort(items.shift(), signal);
+        } catch (e) {
+          iteratorDone = true;
+          throw e;
+        }
+        if ("token" in item) return { done: false, value: item.token };
+        iteratorDone = true;
+        if ("error" in item) throw item.error;
+        return { done: true, value: undefined };
+      },
+      // Called by `break` (or a throwing loop body) in `for await`.
+      async return() {
+        iteratorDone = true;
+        stop();
+        return { done: true, value: undefined };
+      },
+    };
+    return stream;
+  }
+
+  /** `generate` with a conversation, through the model's chat template. */
+  chat(messages: readonly ChatMessage[], options: GenerateOptions = {}): TokenStream {
+    if (!Array.isArray(messages)) throw new TypeError("chat() takes an array of {role, content} messages");
+    return this.generate(messages, options);
+  }
+
+  /** The token ids of `text` as `generate(text)` would see them (special tokens included). */
+  async tokenize(text: string): Promise<number[]> {
+    if (typeof text !== "string") throw new TypeError("tokenize() takes a string");
+    const reply = await this.#request({ type: "tokenize", id: this.#nextId++, text });
+    if (reply.type !== "tokenized") throw new Error(`unexpected reply ${reply.type} to tokenize`);
+    return reply.ids;
+  }
+
+  /** Stops the worker and frees the model; later calls fail with EngineDisposedError. */
+  dispose(): void {
+    if (this.#failure?.name === ErrorName.Disposed) return;
+    this.#fail(leanError(ErrorName.Disposed, "the engine was disposed"));
+  }
+
+  #post(request: Request): void {
+    this.#worker.postMessage(request);
+  }
+
+  #route(reply: Reply): void {
+    this.#handlers.get(reply.id)?.(reply);
+    if (reply.type === "error" && reply.fatal) this.#fail(fromWireError(reply.error));
+  }
+
+  /** Marks the engine unusable, ends the worker, and fails everything pending with `error`. */
+  #fail(error: Error): void {
+    this.#failure ??= error;
+    this.#worker.terminate();
+    const pending = [...this.#handlers.entries()];
+    this.#handlers.clear();
+    const wire = { name: this.#failure.name, message: this.#failure.message };
+    for (const [id, handler] of pending) handler({ type: "error", id, error: wire, fatal: true });
+  }
+
+  #assertUsable(): void {
+    if (this.#failure) throw leanError(this.#failure.name, this.#failure.message);
+  }
+
+  /** One request, one reply (tokenize). */
+  #request(request: Request): Promise<Reply> {
+    this.#assertUsable();
+    return new Promise((resolve, reject) => {
+      this.#handlers.set(request.id, (reply) => {
+        this.#handlers.delete(request.id);
+        if (reply.type === "error") reject(fromWireError(reply.error));
+        else resolve(reply);
+      });
+      this.#post(request);
+    });
+  }
+}
+
+/** The ArrayBuffers of a load request, moved to the worker instead of copied. */
+function transferables(load: Omit<LoadRequest, "type" | "id">): Transferable[] {
+  const files = [load.model.gguf, load.model.tokenizer, load.model.tokenizerConfig, load.model.chatTemplate];
+  return files.flatMap((f) => (f && "bytes" in f.source ? [f.source.bytes] : []));
+}

@@ -1,0 +1,245 @@
+/**
+ * lean-js: run small LLMs (GGUF) in the browser with lean's WebAssembly engine.
+ *
+ *     const engine = await createEngine({ model: "qwen2.5-0.5b-instruct-q4_0" });
+ *     for await (const { text } of engine.chat([{ role: "user", content: "Hi!" }])) {
+ *       output.textContent += text;
+ *     }
+ *
+ * The engine runs in a dedicated Web Worker; this module is its thin, typed client.
+ */
+import { DEFAULT_CACHE_NAME, deleteCachedFiles, listCachedFiles, type CachedFile } from "./cache.js";
+import { catalog, catalogFiles, findModel, type CatalogModel } from "./catalog.js";
+import { Engine, type LoadHooks } from "./engine.js";
+import { ErrorName, leanError } from "./errors.js";
+import type { BackendChoice, LoadProgress, WireFile, WireModel } from "./protocol.js";
+
+export { Engine } from "./engine.js";
+export type { GenerateOptions, TokenStream, WorkerLike } from "./engine.js";
+export { ErrorName } from "./errors.js";
+export { catalog, findModel } from "./catalog.js";
+export type { CatalogFile, CatalogModel } from "./catalog.js";
+export { DEFAULT_CACHE_NAME } from "./cache.js";
+export type { CachedFile } from "./cache.js";
+export { chooseBackend, detectCapabilities } from "./capabilities.js";
+export type { BackendDecision, BuildSet, Capabilities, GpuAdapterSummary, WebGpuCapability } from "./capabilities.js";
+export { installedBuilds } from "./wasm-manifest.js";
+export type {
+  Backend,
+  BackendChoice,
+  ChatMessage,
+  FinishReason,
+  GenerateParams,
+  GenerationResult,
+  GpuNeeds,
+  LoadProgress,
+  ModelInfo,
+  Token,
+} from "./protocol.js";
+
+/** A model file: a URL (absolute, or relative to the page), a File/Blob, or its bytes. */
+export type FileInput = string | URL | Blob | ArrayBuffer | Uint8Array;
+
+/** A model given by its files rather than a catalog id. */
+export interface ModelFiles {
+  gguf: FileInput;
+  tokenizer: FileInput;
+  tokenizerConfig: FileInput;
+  /** chat_template.jinja, for a tokenizer_config.json without "chat_template". */
+  chatTemplate?: FileInput;
+}
+
+export interface CreateEngineOptions {
+  /**
+   * A catalog id (see `catalog`) or the model's files. ArrayBuffers are transferred to the
+   * worker (the caller's buffer becomes detached); for large models prefer a URL, File or Blob,
+   * which stream into wasm memory without a second copy.
+   */
+  model: string | ModelFiles;
+  /** Default "auto": WebGPU, else threads, else SIMD, by capability. */
+  backend?: BackendChoice;
+  /** Context window in tokens (capped at the model's). Default: the catalog's, else 4096. */
+  contextLength?: number;
+  /** Threads of the threads backend. Default: navigator.hardwareConcurrency. */
+  threads?: number;
+  /** Download/load progress per file. */
+  onProgress?: (progress: LoadProgress) => void;
+  /** Non-fatal problems (e.g. the cache quota was exceeded). Default: console.warn. */
+  onWarning?: (message: string) => void;
+  /** Where catalog models marked `local` (lean's test models) are served. Default: "models/" of the page. */
+  modelBaseUrl?: string | URL;
+  /** Cache Storage name for downloads, or false not to cache. Default: DEFAULT_CACHE_NAME. */
+  cache?: string | false;
+  /** Aborting stops the download/load (the worker is terminated). */
+  signal?: AbortSignal;
+}
+
+const DEFAULT_CONTEXT_LENGTH = 4096;
+
+/** The page's URL, against which relative model URLs resolve. */
+function pageUrl(): string | undefined {
+  const g = globalThis as { document?: { baseURI?: string }; location?: { href?: string } };
+  return g.document?.baseURI ?? g.location?.href;
+}
+
+function absoluteUrl(url: string | URL): string {
+  try {
+    return new URL(url, pageUrl()).href;
+  } catch {
+    throw new TypeError(`not a valid URL: ${String(url)}`);
+  }
+}
+
+function defaultModelBaseUrl(options: { modelBaseUrl?: string | URL }): string {
+  return absoluteUrl(options.modelBaseUrl ?? "models/");
+}
+
+function wireFile(input: FileInput, what: string): WireFile {
+  if (typeof input === "string" || input instanceof URL) {
+    const url = absoluteUrl(input);
+    return { name: url, source: { url }, size: null, sha256: null };
+  }
+  if (input instanceof Blob) {
+    const name = "name" in input && typeof input.name === "string" ? input.name : `${what} (Blob)`;
+    return { name, source: { blob: input }, size: null, sha256: null };
+  }
+  if (input instanceof ArrayBuffer) {
+    return { name: `${what} (ArrayBuffer)`, source: { bytes: input }, size: null, sha256: null };
+  }
+  if (input instanceof Uint8Array) {
+    const whole =
+      input.buffer instanceof ArrayBuffer && input.byteOffset === 0 && input.byteLength === input.buffer.byteLength;
+    const bytes = whole ? (input.buffer as ArrayBuffer) : input.slice().buffer;
+    return { name: `${what} (Uint8Array)`, source: { bytes }, size: null, sha256: null };
+  }
+  throw new TypeError(`model.${what} must be a URL, File, Blob, ArrayBuffer or Uint8Array`);
+}
+
+function resolveModel(
+  model: CreateEngineOptions["model"],
+  options: CreateEngineOptions,
+): { wire: WireModel; entry: CatalogModel | null } {
+  if (typeof model === "string") {
+    const entry = findModel(model);
+    if (!entry) {
+      throw new TypeError(`unknown model id '${model}' (known: ${catalog.map((m) => m.id).join(", ")})`);
+    }
+    const files = Object.fromEntries(
+      catalogFiles(entry, defaultModelBaseUrl(options)).map(({ role, file }) => [
+        role,
+        { name: file.url, source: { url: file.url }, size: file.size, sha256: file.sha256 } satisfies WireFile,
+      ]),
+    ) as Record<string, WireFile>;
+    return {
+      wire: {
+        gguf: files.gguf!,
+        tokenizer: files.tokenizer!,
+        tokenizerConfig: files.tokenizerConfig ?? null,
+        chatTemplate: files.chatTemplate ?? null,
+      },
+      entry,
+    };
+  }
+  if (typeof model !== "object" || model === null || !model.gguf || !model.tokenizer || !model.tokenizerConfig) {
+    throw new TypeError("model must be a catalog id or { gguf, tokenizer, tokenizerConfig, chatTemplate? }");
+  }
+  return {
+    wire: {
+      gguf: wireFile(model.gguf, "gguf"),
+      tokenizer: wireFile(model.tokenizer, "tokenizer"),
+      tokenizerConfig: wireFile(model.tokenizerConfig, "tokenizerConfig"),
+      chatTemplate: model.chatTemplate === undefined ? null : wireFile(model.chatTemplate, "chatTemplate"),
+    },
+    entry: null,
+  };
+}
+
+function positiveInteger(value: number | undefined, name: string): void {
+  if (value !== undefined && !(Number.isInteger(value) && value > 0)) {
+    throw new TypeError(`${name} must be a whole number ≥ 1, got ${String(value)}`);
+  }
+}
+
+/** Starts a worker, picks the backend and loads the model; resolves when it can generate. */
+export async function createEngine(options: CreateEngineOptions): Promise<Engine> {
+  const { wire, entry } = resolveModel(options.model, options);
+  positiveInteger(options.contextLength, "contextLength");
+  positiveInteger(options.threads, "threads");
+  const { signal } = options;
+  signal?.throwIfAborted();
+  const worker = new Worker(new URL("./worker.js", import.meta.url), { type: "module", name: "lean" });
+  const hooks: LoadHooks = { onProgress: options.onProgress, onWarning: options.onWarning };
+  const started = Engine.start(
+    worker,
+    {
+      model: wire,
+      backend: options.backend ?? "auto",
+      contextLength: options.contextLength ?? entry?.defaultContextLength ?? DEFAULT_CONTEXT_LENGTH,
+      threads: options.threads ?? globalThis.navigator?.hardwareConcurrency ?? 1,
+      cacheName: options.cache === false ? null : (options.cache ?? DEFAULT_CACHE_NAME),
+      gpuNeeds: entry?.gpu ?? null,
+    },
+    hooks,
+  );
+  if (!signal) return started;
+  return new Promise<Engine>((resolve, reject) => {
+    const onAbort = () => {
+      worker.terminate();
+      reject(signal.reason ?? leanError(ErrorName.Abort, "loading the model was aborted"));
+    };
+    signal.addEventListener("abort", onAbort, { once: true });
+    started.then(
+      (engine) => {
+        signal.removeEventListener("abort", onAbort);
+        resolve(engine);
+      },
+      (error: unknown) => {
+        signal.removeEventListener("abort", onAbort);
+        reject(error);
+      },
+    );
+  });
+}
+
+export interface CachedModelFile extends CachedFile {
+  /** Catalog ids of the models this file belongs to. */
+  models: string[];
+}
+
+export interface CacheOptions {
+  cacheName?: string;
+  /** As in createEngine, to recognise the files of local catalog models. */
+  modelBaseUrl?: string | URL;
+}
+
+function catalogUrls(options: CacheOptions): Map<string, string[]> {
+  const byUrl = new Map<string, string[]>();
+  for (const model of catalog) {
+    for (const { file } of catalogFiles(model, defaultModelBaseUrl(options))) {
+      byUrl.set(file.url, [...(byUrl.get(file.url) ?? []), model.id]);
+    }
+  }
+  return byUrl;
+}
+
+/** The model files in Cache Storage (complete, verified downloads only). */
+export async function listCached(options: CacheOptions = {}): Promise<CachedModelFile[]> {
+  const files = await listCachedFiles(globalThis.caches, options.cacheName ?? DEFAULT_CACHE_NAME);
+  const byUrl = catalogUrls(options);
+  return files.map((f) => ({ ...f, models: byUrl.get(f.url) ?? [] }));
+}
+
+/**
+ * Deletes cached files: those of a catalog model (by id), one file (by URL), or all (no
+ * argument). A file shared with another cached model (a tokenizer) goes too. Returns how many
+ * files were deleted.
+ */
+export async function deleteCached(target?: string, options: CacheOptions = {}): Promise<number> {
+  const cacheName = options.cacheName ?? DEFAULT_CACHE_NAME;
+  if (target === undefined) return deleteCachedFiles(globalThis.caches, cacheName, null);
+  const entry = findModel(target);
+  const urls = entry
+    ? catalogFiles(entry, defaultModelBaseUrl(options)).map(({ file }) => file.url)
+    : [absoluteUrl(target)];
+  return deleteCachedFiles(globalThis.caches, cacheName, urls);
+}

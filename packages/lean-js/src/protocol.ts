@@ -1,0 +1,212 @@
+/**
+ * The message protocol between the main thread (engine.ts) and the Web Worker (worker.ts), and
+ * the public data types both sides share. Every request carries an `id`; every reply names the
+ * request it belongs to. Errors cross as `{name, message}` (errors.ts).
+ */
+import type { WireError } from "./errors.js";
+
+/** Where the model runs: WebGPU, WebAssembly with threads, or single-thread WebAssembly SIMD. */
+export type Backend = "webgpu" | "threads" | "simd";
+export type BackendChoice = Backend | "auto";
+
+export interface ChatMessage {
+  role: "system" | "user" | "assistant" | (string & {});
+  content: string;
+}
+
+/** One generated token: its id and the text it completes (may be empty, e.g. half a character). */
+export interface Token {
+  text: string;
+  tokenId: number;
+}
+
+/**
+ * Sampling and stopping. Defaults: greedy decoding (temperature 0) of at most 256 tokens,
+ * stopping at the model's end-of-sequence tokens. Semantics are transformers' (repetition
+ * penalty, then temperature → top-k → top-p → min-p).
+ */
+export interface GenerateParams {
+  maxTokens?: number;
+  /** 0 = greedy. */
+  temperature?: number;
+  /** 0 disables. */
+  topK?: number;
+  /** 1 disables. */
+  topP?: number;
+  /** 0 disables. */
+  minP?: number;
+  /** 1 disables. */
+  repetitionPenalty?: number;
+  seed?: number;
+  /** Stop when the text contains one of these; the text from it on is not returned. */
+  stop?: string[];
+  /** Stop at these token ids instead of the model's end-of-sequence ids. */
+  stopTokenIds?: number[];
+}
+
+export type FinishReason = "stop" | "length" | "context_full" | "cancelled";
+
+export interface GenerationResult {
+  /** The text streamed out, cut before a matched stop string. */
+  text: string;
+  /** Every generated id, a final stop token included. */
+  tokenIds: number[];
+  promptTokens: number;
+  finishReason: FinishReason;
+  /** The stop string that ended the generation, if one did. */
+  stopString: string | null;
+  /** Tokenizing and running the prompt. */
+  prefillMs: number;
+  /** From the first generated token to the last. */
+  decodeMs: number;
+  prefillTokensPerSecond: number;
+  /** Over the tokens after the first (which comes out of the prefill). */
+  decodeTokensPerSecond: number;
+}
+
+export interface ModelInfo {
+  architecture: string;
+  description: string;
+  /** The compute session, in words. */
+  session: string;
+  contextLength: number;
+  trainContextLength: number;
+  vocabSize: number;
+  fileBytes: number;
+  kvCacheBytes: number;
+  bosToken: string | null;
+  eosToken: string | null;
+  eosTokenIds: number[];
+  hasChatTemplate: boolean;
+}
+
+export type ModelFileRole = "gguf" | "tokenizer" | "tokenizerConfig" | "chatTemplate";
+
+export interface LoadProgress {
+  file: ModelFileRole;
+  /** A URL or file name. */
+  name: string;
+  loaded: number;
+  total: number | null;
+  source: "network" | "cache" | "local";
+}
+
+/** A model file as the worker receives it. */
+export interface WireFile {
+  name: string;
+  source: { url: string } | { blob: Blob } | { bytes: ArrayBuffer };
+  /** Expected size and sha256 (hex), checked when given. */
+  size: number | null;
+  sha256: string | null;
+}
+
+export interface WireModel {
+  gguf: WireFile;
+  tokenizer: WireFile;
+  tokenizerConfig: WireFile | null;
+  chatTemplate: WireFile | null;
+}
+
+export type WirePrompt = { raw: string } | { messages: ChatMessage[] };
+
+export interface LoadRequest {
+  type: "load";
+  id: number;
+  model: WireModel;
+  backend: BackendChoice;
+  contextLength: number;
+  /** Threads of the threads backend. */
+  threads: number;
+  /** Cache Storage name; null disables caching. */
+  cacheName: string | null;
+  /** The WebGPU limits the model needs (see capabilities.ts), when known. */
+  gpuNeeds: GpuNeeds | null;
+}
+
+export type Request =
+  | LoadRequest
+  | { type: "generate"; id: number; prompt: WirePrompt; params: GenerateParams }
+  /** Stops the generation `id` (a no-op when it already ended). */
+  | { type: "cancel"; id: number }
+  | { type: "tokenize"; id: number; text: string };
+
+export type Reply =
+  | { type: "progress"; id: number; progress: LoadProgress }
+  | { type: "warning"; id: number; message: string }
+  | { type: "loaded"; id: number; backend: Backend; backendReason: string; info: ModelInfo }
+  | { type: "tokens"; id: number; tokens: Token[] }
+  | { type: "done"; id: number; result: GenerationResult }
+  | { type: "tokenized"; id: number; ids: number[] }
+  /** `fatal`: the worker cannot serve any further request. */
+  | { type: "error"; id: number; error: WireError; fatal: boolean };
+
+/** What the WebGPU backend needs of an adapter, when known from the model. */
+export interface GpuNeeds {
+  /** The largest weight tensor: bound whole when it fits one storage binding. */
+  largestTensorBytes: number | null;
+  /** The largest row of a weight matrix: the unit of the split-binding path. */
+  largestRowBytes: number | null;
+}
+
+const PARAM_NAMES: ReadonlySet<string> = new Set<keyof GenerateParams>([
+  "maxTokens",
+  "temperature",
+  "topK",
+  "topP",
+  "minP",
+  "repetitionPenalty",
+  "seed",
+  "stop",
+  "stopTokenIds",
+]);
+
+/**
+ * The options JSON of the wasm engine (snake_case), from lean-js's parameters. Unknown names
+ * are refused (e.g. `max_tokens` from a Python habit) rather than silently ignored.
+ */
+export function toEngineOptions(params: GenerateParams): Record<string, unknown> {
+  for (const name of Object.keys(params)) {
+    if (!PARAM_NAMES.has(name)) {
+      throw new TypeError(
+        `unknown generation option '${name}' (known: ${[...PARAM_NAMES, "signal"].join(", ")})`,
+      );
+    }
+  }
+  const checkNumber = (name: string, value: number | undefined) => {
+    if (value !== undefined && (typeof value !== "number" || !Number.isFinite(value))) {
+      throw new TypeError(`${name} must be a finite number, got ${String(value)}`);
+    }
+  };
+  const checkCount = (name: string, value: number | undefined) => {
+    checkNumber(name, value);
+    if (value !== undefined && (!Number.isInteger(value) || value < 0)) {
+      throw new TypeError(`${name} must be a whole number ≥ 0, got ${value}`);
+    }
+  };
+  checkCount("maxTokens", params.maxTokens);
+  checkNumber("temperature", params.temperature);
+  checkCount("topK", params.topK);
+  checkNumber("topP", params.topP);
+  checkNumber("minP", params.minP);
+  checkNumber("repetitionPenalty", params.repetitionPenalty);
+  checkCount("seed", params.seed);
+  if (params.seed !== undefined && params.seed > Number.MAX_SAFE_INTEGER) {
+    throw new TypeError(`seed must be at most ${Number.MAX_SAFE_INTEGER}, got ${params.seed}`);
+  }
+  params.stopTokenIds?.forEach((id, i) => checkCount(`stopTokenIds[${i}]`, id));
+  if (params.stop !== undefined && (!Array.isArray(params.stop) || params.stop.some((s) => typeof s !== "string" || !s))) {
+    throw new TypeError("stop must be an array of non-empty strings");
+  }
+  const options: Record<string, unknown> = {
+    max_tokens: params.maxTokens,
+    temperature: params.temperature,
+    top_k: params.topK,
+    top_p: params.topP,
+    min_p: params.minP,
+    repetition_penalty: params.repetitionPenalty,
+    seed: params.seed,
+    stop_token_ids: params.stopTokenIds,
+  };
+  for (const key of Object.keys(options)) if (options[key] === undefined) delete options[key];
+  return options;
+}

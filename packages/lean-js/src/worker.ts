@@ -1,0 +1,304 @@
+/**
+ * The Web Worker that runs lean: it picks the backend, loads the WebAssembly build, streams the
+ * model files into wasm memory, and generates token by token. Between tokens it returns to its
+ * event loop, which is how a `cancel` message gets in: the wasm calls themselves are synchronous.
+ */
+import { openModelFile, type OpenedFile } from "./cache.js";
+import { chooseBackend, detectCapabilities } from "./capabilities.js";
+import { ErrorName, leanError, toWireError } from "./errors.js";
+import type {
+  GenerationResult,
+  LoadRequest,
+  ModelFileRole,
+  ModelInfo,
+  Reply,
+  Request,
+  Token,
+  WireFile,
+  WirePrompt,
+  GenerateParams,
+} from "./protocol.js";
+import { toEngineOptions } from "./protocol.js";
+import { StopMatcher } from "./stop.js";
+import { wasmBuilds } from "./wasm-builds.js";
+import { installedBuilds } from "./wasm-manifest.js";
+import type { StepJson, WasmEngineHandle, WasmModule } from "./wasm-types.js";
+
+interface WorkerScope {
+  postMessage(message: Reply): void;
+  onmessage: ((event: MessageEvent<Request>) => void) | null;
+}
+const scope = globalThis as unknown as WorkerScope;
+
+/** Largest piece handed to wasm at once: wasm-bindgen copies each through a temporary buffer. */
+const MAX_PUSH_BYTES = 8 * 1024 * 1024;
+/** Progress messages at most this often (plus the last one). */
+const PROGRESS_INTERVAL_MS = 100;
+
+let wasm: WasmModule | null = null;
+let engine: WasmEngineHandle | null = null;
+/** Set once the module trapped: every later request fails with it. */
+let broken: Error | null = null;
+/** The generation in progress and whether a cancel arrived for it. */
+let active: { id: number; cancelled: boolean } | null = null;
+
+const post = (reply: Reply) => scope.postMessage(reply);
+
+scope.onmessage = (event) => {
+  const request = event.data;
+  if (request.type === "cancel") {
+    if (active?.id === request.id) active.cancelled = true;
+    return;
+  }
+  handle(request).catch((e: unknown) => reportError(request.id, e));
+};
+
+async function handle(request: Exclude<Request, { type: "cancel" }>): Promise<void> {
+  if (broken) throw broken;
+  switch (request.type) {
+    case "load":
+      return load(request);
+    case "generate":
+      return generate(request.id, request.prompt, request.params);
+    case "tokenize":
+      post({ type: "tokenized", id: request.id, ids: Array.from(loadedEngine().tokenize(request.text)) });
+      return;
+  }
+}
+
+function loadedEngine(): WasmEngineHandle {
+  if (!engine) throw new Error("no model is loaded");
+  return engine;
+}
+
+/**
+ * A trap (`RuntimeError`) leaves the module's memory in an unknown state: the worker refuses
+ * everything after it. A Rust panic left its message with the panic hook; a trap without one is
+ * most likely an allocation that failed (wasm32 memory is at most 4 GiB).
+ */
+function reportError(id: number, e: unknown): void {
+  if (e instanceof WebAssembly.RuntimeError) {
+    const panic = wasm?.takePanicMessage();
+    broken = leanError(
+      ErrorName.Panic,
+      `${panic ?? `the WebAssembly module trapped (${e.message}) without a Rust panic: most likely it ran out of memory`}` +
+        " — this engine cannot be used any more: create a new one (or reload the page)",
+    );
+    post({ type: "error", id, error: toWireError(broken), fatal: true });
+    return;
+  }
+  post({ type: "error", id, error: toWireError(e), fatal: broken !== null });
+}
+
+async function load(request: LoadRequest): Promise<void> {
+  if (engine) throw new Error("this worker already has a model");
+  const caps = await detectCapabilities({ webgpu: installedBuilds.webgpu });
+  const decision = chooseBackend(request.backend, caps, installedBuilds, request.gpuNeeds);
+  if (decision.backend === "webgpu") {
+    // chooseBackend only picks it when a build has it (installedBuilds.webgpu), which none has yet.
+    throw leanError(ErrorName.BackendUnavailable, "the WebGPU backend is not wired into this worker yet");
+  }
+  const loadBuild = wasmBuilds[decision.backend];
+  if (!loadBuild) throw leanError(ErrorName.BackendUnavailable, `no ${decision.backend} build is installed`);
+  wasm = await loadBuild();
+  await wasm.default();
+  if (decision.backend === "threads") {
+    if (!wasm.initThreadPool) throw new Error("the threads build has no initThreadPool");
+    await wasm.initThreadPool(request.threads);
+  }
+
+  const deps = { fetch: globalThis.fetch.bind(globalThis), caches: globalThis.caches as CacheStorage | undefined };
+  const options = {
+    cacheName: request.cacheName,
+    warn: (message: string) => post({ type: "warning", id: request.id, message }),
+  };
+  const open = (file: WireFile) => openModelFile(file, deps, options);
+  const { model } = request;
+  // The small files first: a wrong tokenizer URL fails before a long download.
+  const tokenizer = await readAll("tokenizer", model.tokenizer, await open(model.tokenizer), request.id);
+  const config = model.tokenizerConfig
+    ? await readAll("tokenizerConfig", model.tokenizerConfig, await open(model.tokenizerConfig), request.id)
+    : null;
+  const template = model.chatTemplate
+    ? new TextDecoder().decode(
+        await readAll("chatTemplate", model.chatTemplate, await open(model.chatTemplate), request.id),
+      )
+    : null;
+  const gguf = await open(model.gguf);
+  const loader = await streamIntoWasm(wasm, model.gguf, gguf, request.id);
+  engine = loader.finish(tokenizer, config, template, request.contextLength);
+  post({
+    type: "loaded",
+    id: request.id,
+    backend: decision.backend,
+    backendReason: decision.reason,
+    info: modelInfo(engine.info()),
+  });
+}
+
+function progressReporter(role: ModelFileRole, file: WireFile, opened: OpenedFile, id: number) {
+  let lastPost = -Infinity;
+  let lastLoaded = -1;
+  return (loaded: number, final = false) => {
+    const now = performance.now();
+    if (final ? loaded === lastLoaded : now - lastPost < PROGRESS_INTERVAL_MS) return;
+    lastPost = now;
+    lastLoaded = loaded;
+    post({
+      type: "progress",
+      id,
+      progress: { file: role, name: file.name, loaded, total: opened.size, source: opened.source },
+    });
+  };
+}
+
+async function readAll(role: ModelFileRole, file: WireFile, opened: OpenedFile, id: number): Promise<Uint8Array> {
+  const chunks: Uint8Array[] = [];
+  let length = 0;
+  const progress = progressReporter(role, file, opened, id);
+  await opened.read((chunk) => {
+    chunks.push(chunk);
+    length += chunk.length;
+  }, progress);
+  progress(length, true);
+  const bytes = new Uint8Array(length);
+  let at = 0;
+  for (const chunk of chunks) {
+    bytes.set(chunk, at);
+    at += chunk.length;
+  }
+  return bytes;
+}
+
+/**
+ * Streams the GGUF into a ModelLoader that holds the only full copy. Without a known size (no
+ * Content-Length) the chunks must be gathered first, which costs a second copy for a while.
+ */
+async function streamIntoWasm(module: WasmModule, file: WireFile, opened: OpenedFile, id: number) {
+  const push = (loader: InstanceType<WasmModule["ModelLoader"]>, chunk: Uint8Array) => {
+    for (let at = 0; at < chunk.length; at += MAX_PUSH_BYTES) {
+      loader.push(chunk.subarray(at, at + MAX_PUSH_BYTES));
+    }
+  };
+  if (opened.size === null) {
+    post({
+      type: "warning",
+      id,
+      message: `${file.name}: the server sends no Content-Length, so the model is held twice while it loads`,
+    });
+    const bytes = await readAll("gguf", file, opened, id);
+    const loader = new module.ModelLoader(bytes.length);
+    push(loader, bytes);
+    return loader;
+  }
+  const loader = new module.ModelLoader(opened.size);
+  const progress = progressReporter("gguf", file, opened, id);
+  try {
+    await opened.read((chunk) => push(loader, chunk), progress);
+  } catch (e) {
+    loader.free();
+    throw e;
+  }
+  progress(loader.received, true);
+  return loader;
+}
+
+function modelInfo(json: string): ModelInfo {
+  const i = JSON.parse(json) as Record<string, unknown>;
+  return {
+    architecture: i.architecture as string,
+    description: i.description as string,
+    session: i.backend as string,
+    contextLength: i.context_length as number,
+    trainContextLength: i.train_context_length as number,
+    vocabSize: i.vocab_size as number,
+    fileBytes: i.file_bytes as number,
+    kvCacheBytes: i.kv_cache_bytes as number,
+    bosToken: (i.bos_token as string | null) ?? null,
+    eosToken: (i.eos_token as string | null) ?? null,
+    eosTokenIds: i.eos_token_ids as number[],
+    hasChatTemplate: i.has_chat_template as boolean,
+  };
+}
+
+/** Resolves after the event loop ran the tasks queued before it (messages included). */
+const yieldToEventLoop = (() => {
+  const channel = new MessageChannel();
+  const waiting: (() => void)[] = [];
+  channel.port1.onmessage = () => waiting.shift()?.();
+  return () =>
+    new Promise<void>((resolve) => {
+      waiting.push(resolve);
+      channel.port2.postMessage(null);
+    });
+})();
+
+async function generate(id: number, prompt: WirePrompt, params: GenerateParams): Promise<void> {
+  const wasmEngine = loadedEngine();
+  if (active) throw new Error(`generation ${active.id} is still running`);
+  const stop = new StopMatcher(params.stop ?? []);
+  const options = JSON.stringify(toEngineOptions(params));
+  const state = { id, cancelled: false };
+  active = state;
+  try {
+    const started = performance.now();
+    const { prompt_ids: promptIds } = JSON.parse(wasmEngine.begin(JSON.stringify(prompt), options)) as {
+      prompt_ids: number[];
+    };
+    const prefillMs = performance.now() - started;
+    let text = "";
+    let stopString: string | null = null;
+    let firstTokenAt = 0;
+    let lastTokenAt = 0;
+    let done: NonNullable<StepJson["done"]> | null = null;
+    while (done === null) {
+      if (state.cancelled) {
+        done = (JSON.parse(wasmEngine.cancel() ?? "null") as StepJson | null)?.done ?? null;
+        if (done === null) throw new Error("the wasm engine lost the generation it was cancelling");
+        break;
+      }
+      const step = JSON.parse(wasmEngine.step()) as StepJson;
+      const now = performance.now();
+      if (step.tokens.length > 0) {
+        if (firstTokenAt === 0) firstTokenAt = now;
+        lastTokenAt = now;
+      }
+      const tokens: Token[] = [];
+      for (const t of step.tokens) {
+        const out = stop.push(t.text);
+        tokens.push({ text: out.text, tokenId: t.id });
+        if (out.stopped !== null) {
+          stopString = out.stopped;
+          break;
+        }
+      }
+      done = step.done;
+      if (stopString !== null) {
+        done = done ?? (JSON.parse(wasmEngine.cancel() ?? "null") as StepJson | null)?.done ?? null;
+        if (done === null) throw new Error("the wasm engine lost the generation it was stopping");
+      } else if (done !== null) {
+        const held = stop.flush();
+        if (held) tokens.push({ text: held, tokenId: done.token_ids.at(-1) ?? 0 });
+      }
+      for (const t of tokens) text += t.text;
+      if (tokens.length > 0) post({ type: "tokens", id, tokens });
+      if (done === null) await yieldToEventLoop();
+    }
+    const decodeMs = lastTokenAt - firstTokenAt;
+    const generated = done.token_ids.length;
+    const result: GenerationResult = {
+      text,
+      tokenIds: done.token_ids,
+      promptTokens: promptIds.length,
+      finishReason: stopString !== null ? "stop" : done.finish_reason,
+      stopString,
+      prefillMs,
+      decodeMs,
+      prefillTokensPerSecond: prefillMs > 0 ? (promptIds.length * 1000) / prefillMs : 0,
+      decodeTokensPerSecond: decodeMs > 0 ? ((generated - 1) * 1000) / decodeMs : 0,
+    };
+    post({ type: "done", id, result });
+  } finally {
+    active = null;
+  }
+}

@@ -1,0 +1,368 @@
+import { describe, expect, it } from "vitest";
+import { Engine, type WorkerLike } from "../src/engine.js";
+import { fromWireError, toWireError } from "../src/errors.js";
+import type { LoadRequest, ModelInfo, Reply, Request } from "../src/protocol.js";
+import { toEngineOptions } from "../src/protocol.js";
+
+const info: ModelInfo = {
+  architecture: "llama",
+  description: "llama · 30 layers",
+  session: "cpu",
+  contextLength: 2048,
+  trainContextLength: 8192,
+  vocabSize: 49152,
+  fileBytes: 1,
+  kvCacheBytes: 2,
+  bosToken: null,
+  eosToken: "<|im_end|>",
+  eosTokenIds: [2],
+  hasChatTemplate: true,
+};
+
+const ggufBytes = new ArrayBuffer(8);
+const load: Omit<LoadRequest, "type" | "id"> = {
+  model: {
+    gguf: { name: "m.gguf", source: { bytes: ggufBytes }, size: null, sha256: null },
+    tokenizer: { name: "t.json", source: { url: "https://x/t.json" }, size: null, sha256: null },
+    tokenizerConfig: null,
+    chatTemplate: null,
+  },
+  backend: "auto",
+  contextLength: 2048,
+  threads: 2,
+  cacheName: "lean",
+  gpuNeeds: null,
+};
+
+const flush = () => new Promise((resolve) => setTimeout(resolve, 0));
+
+/** The worker's side of the protocol, scripted by the test: it records requests and replies on demand. */
+class FakeWorker implements WorkerLike {
+  onmessage: ((event: MessageEvent<Reply>) => void) | null = null;
+  onerror: ((event: ErrorEvent) => void) | null = null;
+  requests: Request[] = [];
+  transfers: Transferable[][] = [];
+  terminated = false;
+
+  postMessage(message: Request, transfer: Transferable[] = []) {
+    this.requests.push(structuredClone(message));
+    this.transfers.push(transfer);
+  }
+  terminate() {
+    this.terminated = true;
+  }
+  reply(reply: Reply) {
+    this.onmessage?.({ data: reply } as MessageEvent<Reply>);
+  }
+  last<T extends Request["type"]>(type: T): Extract<Request, { type: T }> {
+    const found = this.requests.filter((r) => r.type === type).at(-1);
+    if (!found) throw new Error(`no ${type} request`);
+    return found as Extract<Request, { type: T }>;
+  }
+  of(type: Request["type"]) {
+    return this.requests.filter((r) => r.type === type);
+  }
+}
+
+async function started(): Promise<{ engine: Engine; worker: FakeWorker }> {
+  const worker = new FakeWorker();
+  const pending = Engine.start(worker, load);
+  worker.reply({ type: "loaded", id: 0, backend: "simd", backendReason: "the fastest backend available", info });
+  return { engine: await pending, worker };
+}
+
+const result = (finishReason: "stop" | "length" | "cancelled", tokenIds: number[]) => ({
+  text: "",
+  tokenIds,
+  promptTokens: 3,
+  finishReason,
+  stopString: null,
+  prefillMs: 1,
+  decodeMs: 1,
+  prefillTokensPerSecond: 3000,
+  decodeTokensPerSecond: 1000,
+});
+
+describe("Engine.start", () => {
+  it("sends the load request, transfers ArrayBuffers, reports progress and warnings", async () => {
+    const worker = new FakeWorker();
+    const progress: unknown[] = [];
+    const warnings: string[] = [];
+    const pending = Engine.start(worker, load, {
+      onProgress: (p) => progress.push(p),
+      onWarning: (m) => warnings.push(m),
+    });
+    expect(worker.requests).toEqual([{ type: "load", id: 0, ...load }]);
+    expect(worker.transfers[0]).toEqual([ggufBytes]);
+    const p = { file: "gguf", name: "m.gguf", loaded: 4, total: 8, source: "local" } as const;
+    worker.reply({ type: "progress", id: 0, progress: p });
+    worker.reply({ type: "warning", id: 0, message: "not cached" });
+    worker.reply({ type: "loaded", id: 0, backend: "simd", backendReason: "because", info });
+    const engine = await pending;
+    expect(progress).toEqual([p]);
+    expect(warnings).toEqual(["not cached"]);
+    expect(engine).toMatchObject({ backend: "simd", backendReason: "because", info, usable: true });
+  });
+
+  it("rejects with the worker's error, by name, and ends the worker", async () => {
+    const worker = new FakeWorker();
+    const pending = Engine.start(worker, load);
+    worker.reply({
+      type: "error",
+      id: 0,
+      error: { name: "BackendUnavailableError", message: "the threads backend cannot run here: ..." },
+      fatal: false,
+    });
+    await expect(pending).rejects.toMatchObject({
+      name: "BackendUnavailableError",
+      message: "the threads backend cannot run here: ...",
+    });
+    expect(worker.terminated).toBe(true);
+  });
+
+  it("rejects when the worker script fails", async () => {
+    const worker = new FakeWorker();
+    const pending = Engine.start(worker, load);
+    worker.onerror?.({ message: "SyntaxError: bad import", preventDefault() {} } as ErrorEvent);
+    await expect(pending).rejects.toThrow("the lean worker failed to start: SyntaxError: bad import");
+  });
+});
+
+describe("Engine.generate", () => {
+  it("streams tokens and resolves the result", async () => {
+    const { engine, worker } = await started();
+    const stream = engine.generate("Hello", { maxTokens: 4, temperature: 0.5, stop: ["\n"] });
+    const first = stream.next();
+    await flush();
+    const request = worker.last("generate");
+    expect(request).toEqual({
+      type: "generate",
+      id: request.id,
+      prompt: { raw: "Hello" },
+      params: { maxTokens: 4, temperature: 0.5, stop: ["\n"] },
+    });
+    worker.reply({ type: "tokens", id: request.id, tokens: [{ text: " wor", tokenId: 7 }, { text: "ld", tokenId: 8 }] });
+    worker.reply({ type: "done", id: request.id, result: result("length", [7, 8]) });
+    expect(await first).toEqual({ done: false, value: { text: " wor", tokenId: 7 } });
+    expect(await stream.next()).toEqual({ done: false, value: { text: "ld", tokenId: 8 } });
+    expect(await stream.next()).toEqual({ done: true, value: undefined });
+    expect(await stream.result).toEqual(result("length", [7, 8]));
+  });
+
+  it("sends chat messages as messages, with only role and content", async () => {
+    const { engine, worker } = await started();
+    const messages = [{ role: "user", content: "Hi", extra: () => 1 }];
+    void engine.chat(messages).next();
+    await flush();
+    expect(worker.last("generate").prompt).toEqual({ messages: [{ role: "user", content: "Hi" }] });
+  });
+
+  it("stops the worker's generation when the loop breaks, and settles the result", async () => {
+    const { engine, worker } = await started();
+    const stream = engine.generate("Hi");
+    const seen: number[] = [];
+    const consume = (async () => {
+      for await (const token of stream) {
+        seen.push(token.tokenId);
+        if (seen.length === 2) break;
+      }
+    })();
+    await flush();
+    const { id } = worker.last("generate");
+    worker.reply({ type: "tokens", id, tokens: [{ text: "a", tokenId: 1 }] });
+    worker.reply({ type: "tokens", id, tokens: [{ text: "b", tokenId: 2 }] });
+    worker.reply({ type: "tokens", id, tokens: [{ text: "c", tokenId: 3 }] });
+    await consume;
+    expect(seen).toEqual([1, 2]);
+    expect(worker.last("cancel")).toEqual({ type: "cancel", id });
+    worker.reply({ type: "done", id, result: result("cancelled", [1, 2, 3]) });
+    expect((await stream.result).finishReason).toBe("cancelled");
+  });
+
+  it("aborting throws the signal's reason at once, cancels, and the next generation waits for the worker", async () => {
+    const { engine, worker } = await started();
+    const controller = new AbortController();
+    const first = engine.generate("Hi", { signal: controller.signal });
+    const firstToken = first.next();
+    await flush();
+    const firstId = worker.last("generate").id;
+    worker.reply({ type: "tokens", id: firstId, tokens: [{ text: "a", tokenId: 1 }] });
+    expect((await firstToken).value).toEqual({ text: "a", tokenId: 1 });
+
+    const second = engine.generate("Again");
+    const secondToken = second.next();
+    const pendingNext = first.next();
+    controller.abort();
+    await expect(pendingNext).rejects.toMatchObject({ name: "AbortError" });
+    expect(worker.of("cancel")).toEqual([{ type: "cancel", id: firstId }]);
+    // Queued behind the first until the worker confirms that it ended.
+    await flush();
+    expect(worker.of("generate")).toHaveLength(1);
+    worker.reply({ type: "done", id: firstId, result: result("cancelled", [1]) });
+    expect((await first.result).finishReason).toBe("cancelled");
+    await flush();
+    const secondId = worker.last("generate").id;
+    expect(secondId).not.toBe(firstId);
+    worker.reply({ type: "tokens", id: secondId, tokens: [{ text: "x", tokenId: 9 }] });
+    expect((await secondToken).value).toEqual({ text: "x", tokenId: 9 });
+  });
+
+  it("a generation aborted while queued never reaches the worker", async () => {
+    const { engine, worker } = await started();
+    const first = engine.generate("one");
+    void first.next();
+    await flush();
+    const controller = new AbortController();
+    const queued = engine.generate("two", { signal: controller.signal });
+    const queuedNext = queued.next();
+    controller.abort(new Error("user left"));
+    await expect(queuedNext).rejects.toThrow("user left");
+    await expect(queued.result).rejects.toThrow("user left");
+    worker.reply({ type: "done", id: worker.last("generate").id, result: result("stop", [2]) });
+    await flush();
+    expect(worker.of("generate")).toHaveLength(1);
+    // The engine is still ready.
+    const third = engine.generate("three");
+    void third.next();
+    await flush();
+    expect(worker.last("generate").prompt).toEqual({ raw: "three" });
+  });
+
+  it("an already-aborted signal throws on the first next()", async () => {
+    const { engine, worker } = await started();
+    const stream = engine.generate("Hi", { signal: AbortSignal.abort() });
+    await expect(stream.next()).rejects.toMatchObject({ name: "AbortError" });
+    expect(worker.of("generate")).toEqual([]);
+  });
+
+  it("starts without being iterated: result settles and unread tokens are kept", async () => {
+    const { engine, worker } = await started();
+    const stream = engine.generate("Hi");
+    await flush();
+    const { id } = worker.last("generate");
+    worker.reply({ type: "tokens", id, tokens: [{ text: "a", tokenId: 1 }] });
+    worker.reply({ type: "done", id, result: result("length", [1]) });
+    expect((await stream.result).tokenIds).toEqual([1]);
+    const tokens = [];
+    for await (const token of stream) tokens.push(token);
+    expect(tokens).toEqual([{ text: "a", tokenId: 1 }]);
+  });
+
+  it("a queued generation whose loop is left never reaches the worker", async () => {
+    const { engine, worker } = await started();
+    const first = engine.generate("one");
+    const queued = engine.generate("two");
+    await queued.return();
+    await flush();
+    worker.reply({ type: "done", id: worker.last("generate").id, result: result("stop", [2]) });
+    await first.result;
+    await expect(queued.result).rejects.toMatchObject({
+      name: "AbortError",
+      message: "the generation was stopped before it started",
+    });
+    expect(worker.of("generate")).toHaveLength(1);
+    expect(worker.last("generate").prompt).toEqual({ raw: "one" });
+  });
+
+  it("refuses bad arguments before queueing", async () => {
+    const { engine } = await started();
+    expect(() => engine.generate("Hi", { max_tokens: 3 } as never)).toThrow(
+      /unknown generation option 'max_tokens' \(known: maxTokens, .*signal\)/,
+    );
+    expect(() => engine.generate("Hi", { maxTokens: -1 })).toThrow("maxTokens must be a whole number ≥ 0, got -1");
+    expect(() => engine.generate("Hi", { temperature: Number.NaN })).toThrow(/temperature must be a finite number/);
+    expect(() => engine.generate("Hi", { stop: [""] })).toThrow("stop must be an array of non-empty strings");
+    expect(() => engine.generate(42 as never)).toThrow(/string or an array of \{role, content\}/);
+    expect(() => engine.generate([{ role: "user" }] as never)).toThrow("message 0 must be {role: string, content: string}");
+  });
+
+  it("a worker error ends the generation with that error; the engine stays usable", async () => {
+    const { engine, worker } = await started();
+    const stream = engine.generate("Hi");
+    const next = stream.next();
+    await flush();
+    const { id } = worker.last("generate");
+    worker.reply({ type: "error", id, error: { name: "Error", message: "invalid argument: top_p must be in (0, 1], got 2" }, fatal: false });
+    await expect(next).rejects.toThrow("top_p must be in (0, 1]");
+    await expect(stream.result).rejects.toThrow("top_p must be in (0, 1]");
+    expect(engine.usable).toBe(true);
+  });
+});
+
+describe("Engine failure and disposal", () => {
+  it("a panic makes the engine unusable and fails everything pending and later", async () => {
+    const { engine, worker } = await started();
+    const stream = engine.generate("Hi");
+    const next = stream.next();
+    const tokenize = engine.tokenize("pending");
+    await flush();
+    const panic = {
+      name: "LeanPanicError",
+      message: "lean panicked (a bug in lean; reload the module): panicked at src/x.rs:1:1: boom — this engine cannot be used any more",
+    };
+    worker.reply({ type: "error", id: worker.last("generate").id, error: panic, fatal: true });
+    await expect(next).rejects.toMatchObject(panic);
+    await expect(tokenize).rejects.toMatchObject({ name: "LeanPanicError" });
+    expect(engine.usable).toBe(false);
+    expect(engine.failure).toMatchObject(panic);
+    expect(worker.terminated).toBe(true);
+    await expect(engine.tokenize("later")).rejects.toMatchObject(panic);
+    await expect(engine.generate("later").next()).rejects.toMatchObject(panic);
+  });
+
+  it("dispose ends the worker and fails pending and later calls", async () => {
+    const { engine, worker } = await started();
+    const next = engine.generate("Hi").next();
+    await flush();
+    engine.dispose();
+    await expect(next).rejects.toMatchObject({ name: "EngineDisposedError", message: "the engine was disposed" });
+    expect(worker.terminated).toBe(true);
+    expect(engine.usable).toBe(false);
+    await expect(engine.tokenize("x")).rejects.toMatchObject({ name: "EngineDisposedError" });
+  });
+
+  it("tokenize is one request and one reply", async () => {
+    const { engine, worker } = await started();
+    const ids = engine.tokenize("Hello");
+    const request = worker.last("tokenize");
+    expect(request).toEqual({ type: "tokenize", id: request.id, text: "Hello" });
+    worker.reply({ type: "tokenized", id: request.id, ids: [1, 2] });
+    expect(await ids).toEqual([1, 2]);
+  });
+});
+
+describe("protocol helpers", () => {
+  it("errors keep their name and message across the boundary", () => {
+    const error = new RangeError("too far");
+    expect(fromWireError(toWireError(error))).toMatchObject({ name: "RangeError", message: "too far" });
+    expect(toWireError(new DOMException("stop", "AbortError"))).toEqual({ name: "AbortError", message: "stop" });
+    expect(toWireError("plain")).toEqual({ name: "Error", message: "plain" });
+  });
+
+  it("maps generation options to the engine's snake_case JSON, leaving out unset ones", () => {
+    expect(
+      toEngineOptions({
+        maxTokens: 8,
+        temperature: 0.7,
+        topK: 40,
+        topP: 0.9,
+        minP: 0.05,
+        repetitionPenalty: 1.1,
+        seed: 42,
+        stop: ["x"],
+        stopTokenIds: [2],
+      }),
+    ).toEqual({
+      max_tokens: 8,
+      temperature: 0.7,
+      top_k: 40,
+      top_p: 0.9,
+      min_p: 0.05,
+      repetition_penalty: 1.1,
+      seed: 42,
+      stop_token_ids: [2],
+    });
+    expect(toEngineOptions({})).toEqual({});
+    expect(() => toEngineOptions({ seed: 2 ** 60 })).toThrow(/seed must be at most/);
+  });
+});

@@ -1,0 +1,194 @@
+// The worker (src/worker.ts) with the real single-thread wasm build, driven through the Engine
+// client as a page would, in Node: token-exact against the Hugging Face fixture, cancellation,
+// stop strings, queueing. Needs `npm run build` (src/wasm/) and the test models.
+import { existsSync, readFileSync, statSync } from "node:fs";
+import { createReadStream } from "node:fs";
+import { join } from "node:path";
+import { Readable } from "node:stream";
+import { fileURLToPath, pathToFileURL } from "node:url";
+import { beforeAll, describe, expect, it } from "vitest";
+import { findModel } from "../src/catalog.js";
+import { catalogFiles } from "../src/catalog.js";
+import { Engine, type WorkerLike } from "../src/engine.js";
+import type { Reply, Request, WireFile } from "../src/protocol.js";
+import { modelsDir, repo } from "./models.js";
+
+const wasmFile = join(import.meta.dirname, "../src/wasm/simd/lean_wasm_bg.wasm");
+const modelId = "smollm2-135m-instruct-q4_0";
+const fixture = JSON.parse(readFileSync(join(repo, "fixtures/hf", `${modelId}.json`), "utf8"));
+const chatShort = fixture.cases.find((c: { name: string }) => c.name === "chat_short");
+
+const missing = [wasmFile, join(modelsDir, `${modelId}.gguf`)].filter((f) => !existsSync(f));
+if (missing.length > 0 && process.env.CI) throw new Error(`missing: ${missing.join(", ")} (run npm run build; set LEAN_MODELS)`);
+
+/** fetch for file: URLs (the wasm next to its glue, the test models), as a web server would answer. */
+function installFileFetch() {
+  const networkFetch = globalThis.fetch;
+  globalThis.fetch = (async (input: RequestInfo | URL, init?: RequestInit) => {
+    const url = String(input instanceof Request ? input.url : input);
+    if (!url.startsWith("file:")) return networkFetch(input, init);
+    const path = fileURLToPath(url);
+    if (!existsSync(path)) return new Response("not found", { status: 404, statusText: "Not Found" });
+    const body = Readable.toWeb(createReadStream(path)) as ReadableStream<Uint8Array>;
+    const type = path.endsWith(".wasm") ? "application/wasm" : "application/octet-stream";
+    return new Response(body, { headers: { "Content-Type": type, "Content-Length": String(statSync(path).size) } });
+  }) as typeof fetch;
+}
+
+/**
+ * The worker module in this thread, behind a WorkerLike. Messages travel over MessagePorts, as
+ * they do between a page and its worker: the worker's yields between tokens must let them in.
+ */
+async function inProcessWorker(): Promise<WorkerLike> {
+  const scope = globalThis as unknown as {
+    postMessage(reply: Reply): void;
+    onmessage: ((event: { data: Request }) => void) | null;
+  };
+  const toWorker = new MessageChannel();
+  const toPage = new MessageChannel();
+  toWorker.port2.onmessage = (event) => scope.onmessage?.({ data: event.data as Request });
+  const worker: WorkerLike = {
+    onmessage: null,
+    onerror: null,
+    postMessage: (request) => toWorker.port1.postMessage(request),
+    terminate() {
+      toWorker.port1.close();
+      toPage.port1.close();
+    },
+  };
+  toPage.port1.onmessage = (event) => worker.onmessage?.(event as MessageEvent<Reply>);
+  scope.postMessage = (reply) => toPage.port2.postMessage(reply);
+  // The worker yields between tokens through a MessageChannel of its own. Browsers run the
+  // tasks of different ports in arrival order (a cancel gets in within a token, as the demo
+  // shows in Chromium), but Node handles up to 1000 messages of one port before looking at
+  // another, so here the yield goes through setImmediate, which lets every port run in between.
+  const realMessageChannel = globalThis.MessageChannel;
+  globalThis.MessageChannel = class {
+    port1 = { onmessage: null as ((event: unknown) => void) | null };
+    port2 = { postMessage: () => setImmediate(() => this.port1.onmessage?.({ data: null })) };
+  } as unknown as typeof MessageChannel;
+  try {
+    await import("../src/worker.js");
+  } finally {
+    globalThis.MessageChannel = realMessageChannel;
+  }
+  return worker;
+}
+
+describe.skipIf(missing.length > 0)("the worker with the wasm engine", () => {
+  let engine: Engine;
+  const warnings: string[] = [];
+  const greedy: number[] = chatShort.greedy_ids;
+
+  beforeAll(async () => {
+    installFileFetch();
+    const model = findModel(modelId)!;
+    const files = Object.fromEntries(
+      catalogFiles(model, pathToFileURL(modelsDir + "/")).map(({ role, file }) => [
+        role,
+        { name: file.url, source: { url: file.url }, size: file.size, sha256: file.sha256 } satisfies WireFile,
+      ]),
+    );
+    engine = await Engine.start(
+      await inProcessWorker(),
+      {
+        model: {
+          gguf: files.gguf!,
+          tokenizer: files.tokenizer!,
+          tokenizerConfig: files.tokenizerConfig!,
+          chatTemplate: files.chatTemplate!,
+        },
+        backend: "auto",
+        contextLength: 2048,
+        threads: 1,
+        cacheName: null,
+        gpuNeeds: model.gpu,
+      },
+      { onWarning: (m) => warnings.push(m) },
+    );
+  }, 120_000);
+
+  it("loads on the simd backend and says why not threads", () => {
+    expect(engine.backend).toBe("simd");
+    // Node is never cross-origin isolated: the reason names the headers, or the missing build.
+    expect(engine.backendReason).toMatch(
+      /threads: (this lean-js build has no multi-thread WebAssembly build|the page is not cross-origin isolated)/,
+    );
+    expect(engine.info).toMatchObject({
+      architecture: "llama",
+      contextLength: 2048,
+      vocabSize: 49152,
+      fileBytes: 77571136,
+      eosToken: "<|im_end|>",
+      eosTokenIds: [2, 0],
+      hasChatTemplate: true,
+    });
+    expect(warnings).toEqual([]);
+  });
+
+  it("chat gives the reference tokens, streamed", async () => {
+    const stream = engine.chat(chatShort.messages, { maxTokens: 12 });
+    const tokens = [];
+    for await (const token of stream) tokens.push(token);
+    const result = await stream.result;
+    expect(result.tokenIds).toEqual(greedy.slice(0, 12));
+    expect(tokens.map((t) => t.tokenId)).toEqual(greedy.slice(0, 12));
+    expect(tokens.map((t) => t.text).join("")).toBe(result.text);
+    expect(chatShort.greedy_text.startsWith(result.text)).toBe(true);
+    expect(result).toMatchObject({ promptTokens: chatShort.prompt_ids.length, finishReason: "length", stopString: null });
+    expect(result.decodeTokensPerSecond).toBeGreaterThan(0);
+  }, 60_000);
+
+  it("breaking out of the loop stops within a token or two; the next generation is exact", async () => {
+    const stream = engine.chat(chatShort.messages, { maxTokens: 40 });
+    let seen = 0;
+    for await (const _ of stream) if (++seen === 3) break;
+    const stopped = await stream.result;
+    expect(stopped.finishReason).toBe("cancelled");
+    expect(stopped.tokenIds.length).toBeGreaterThanOrEqual(3);
+    expect(stopped.tokenIds.length).toBeLessThanOrEqual(6);
+    expect(stopped.tokenIds).toEqual(greedy.slice(0, stopped.tokenIds.length));
+    const again = engine.chat(chatShort.messages, { maxTokens: 5 });
+    for await (const _ of again);
+    expect((await again.result).tokenIds).toEqual(greedy.slice(0, 5));
+  }, 60_000);
+
+  it("an AbortSignal stops it; a generation queued meanwhile runs after, exactly", async () => {
+    const controller = new AbortController();
+    const aborted = engine.chat(chatShort.messages, { maxTokens: 40, signal: controller.signal });
+    const queued = engine.chat(chatShort.messages, { maxTokens: 4 });
+    const queuedIds: number[] = [];
+    const queuedRun = (async () => {
+      for await (const t of queued) queuedIds.push(t.tokenId);
+    })();
+    await expect(
+      (async () => {
+        for await (const _ of aborted) controller.abort();
+      })(),
+    ).rejects.toMatchObject({ name: "AbortError" });
+    await queuedRun;
+    expect((await aborted.result).finishReason).toBe("cancelled");
+    expect(queuedIds).toEqual(greedy.slice(0, 4));
+  }, 60_000);
+
+  it("a stop string ends the generation before it", async () => {
+    const stream = engine.chat(chatShort.messages, { maxTokens: 20, stop: [" Paris"] });
+    let text = "";
+    for await (const t of stream) text += t.text;
+    const result = await stream.result;
+    expect(text).toBe("The capital of France is");
+    expect(result).toMatchObject({ text, finishReason: "stop", stopString: " Paris" });
+    expect(result.tokenIds).toEqual(greedy.slice(0, result.tokenIds.length));
+  }, 60_000);
+
+  it("tokenize gives a raw prompt's ids", async () => {
+    expect(await engine.tokenize(chatShort.prompt_text)).toEqual(chatShort.prompt_ids);
+  });
+
+  it("an option the engine refuses is a readable error; the engine stays usable", async () => {
+    await expect(engine.generate("Hi", { temperature: -1 }).next()).rejects.toThrow(/temperature must be a finite number ≥ 0/);
+    await expect(engine.generate([]).next()).rejects.toThrow(/empty conversation/);
+    expect(engine.usable).toBe(true);
+    expect(await engine.tokenize("Hi")).toEqual(expect.any(Array));
+  });
+});

@@ -1,0 +1,107 @@
+// Worker half of the test page: drives the raw wasm-bindgen packages (pkg/ = simd, pkg-mt/ =
+// threads) the way an app would, and times each phase. Requests: {id, method, args}; replies:
+// {id, result} or {id, error: {name, message}}.
+let wasm; // the package's module once `init` ran
+let engine; // the WasmEngine of the last `load`
+
+/** Streams `url` into a ModelLoader chunk by chunk (no second copy of the file in JS). */
+async function streamGguf(url) {
+  const response = await fetch(url);
+  if (!response.ok) throw new Error(`${url}: HTTP ${response.status}`);
+  const loader = new wasm.ModelLoader(Number(response.headers.get("Content-Length")));
+  for await (const chunk of response.body) loader.push(chunk);
+  return loader;
+}
+
+async function fetchBytes(url) {
+  const response = await fetch(url);
+  if (!response.ok) throw new Error(`${url}: HTTP ${response.status}`);
+  return new Uint8Array(await response.arrayBuffer());
+}
+
+/** The first `bytes` bytes of `url`, without downloading the rest. */
+async function fetchHead(url, bytes) {
+  const response = await fetch(url);
+  if (!response.ok) throw new Error(`${url}: HTTP ${response.status}`);
+  const head = new Uint8Array(bytes);
+  let filled = 0;
+  for await (const chunk of response.body) {
+    const take = Math.min(chunk.length, bytes - filled);
+    head.set(chunk.subarray(0, take), filled);
+    filled += take;
+    if (filled === bytes) break; // leaving the loop cancels the download
+  }
+  return head.subarray(0, filled);
+}
+
+/** The loader's engine from the tokenizer files in `tokenizerDir` (a URL ending in "/"). */
+async function finish(loader, tokenizerDir, contextLength) {
+  const [tokenizerJson, tokenizerConfig, chatTemplate] = await Promise.all([
+    fetchBytes(`${tokenizerDir}tokenizer.json`),
+    fetchBytes(`${tokenizerDir}tokenizer_config.json`),
+    fetchBytes(`${tokenizerDir}chat_template.jinja`).then((b) => new TextDecoder().decode(b)),
+  ]);
+  return loader.finish(tokenizerJson, tokenizerConfig, chatTemplate, contextLength);
+}
+
+const methods = {
+  /** Instantiates the package of `backend` ("simd" or "threads", the latter with `threads`
+   * pool threads). */
+  async init({ backend, threads }) {
+    wasm = await import(backend === "threads" ? "/pkg-mt/lean_wasm.js" : "/pkg/lean_wasm.js");
+    await wasm.default();
+    if (backend === "threads") await wasm.initThreadPool(threads);
+    return {
+      backend: wasm.backend(),
+      threads: backend === "threads" ? wasm.threadCount() : 1,
+      crossOriginIsolated: self.crossOriginIsolated,
+    };
+  },
+
+  /** Loads a model; returns the time it took (download from 127.0.0.1 included). */
+  async load({ gguf, tokenizerDir, contextLength }) {
+    const started = performance.now();
+    engine?.free();
+    engine = undefined;
+    engine = await finish(await streamGguf(gguf), tokenizerDir, contextLength);
+    return { loadMs: performance.now() - started, info: JSON.parse(engine.info()) };
+  },
+
+  /** Generates step by step so that prefill and decode are timed apart: `prefillMs` is the
+   * prompt's forward pass, `decodeMs` spans the tokens after the first. */
+  generate({ prompt, options }) {
+    const started = performance.now();
+    const begun = engine.begin(JSON.stringify(prompt), JSON.stringify(options));
+    const { prompt_ids } = JSON.parse(begun);
+    const prefillMs = performance.now() - started;
+    let firstTokenAt;
+    for (;;) {
+      const { done } = JSON.parse(engine.step());
+      firstTokenAt ??= performance.now();
+      if (done) {
+        return { promptIds: prompt_ids, ...done, prefillMs, decodeMs: performance.now() - firstTokenAt };
+      }
+    }
+  },
+
+  /** Loads the first `bytes` bytes of a GGUF: the error it gives, or null when it loads. */
+  async loadTruncated({ gguf, bytes, tokenizerDir }) {
+    const head = await fetchHead(gguf, bytes);
+    const loader = new wasm.ModelLoader(head.length);
+    loader.push(head);
+    try {
+      (await finish(loader, tokenizerDir, 256)).free();
+      return null;
+    } catch (e) {
+      return { name: e.name, message: e.message, panic: wasm.takePanicMessage() ?? null };
+    }
+  },
+};
+
+self.onmessage = async ({ data: { id, method, args } }) => {
+  try {
+    postMessage({ id, result: await methods[method](args) });
+  } catch (e) {
+    postMessage({ id, error: { name: e?.name ?? "Error", message: e?.message ?? String(e) } });
+  }
+};

@@ -1,0 +1,54 @@
+// Playwright settings for lean's browser tests (scripts/test-browser.sh). The browsers are the
+// system's (apt: chromium, firefox-esr), never Playwright's downloads.
+import { defineConfig } from "@playwright/test";
+
+const port = Number(process.env.LEAN_TEST_PORT ?? 8787);
+
+export default defineConfig({
+  testDir: "tests",
+  // One test at a time: the threads rows need both cores, and the speeds are measured.
+  workers: 1,
+  fullyParallel: false,
+  // Loading and generating with a 0.5B model on one core takes tens of seconds.
+  timeout: 10 * 60_000,
+  reporter: [["list"], ["json", { outputFile: "test-results/results.json" }]],
+  use: { baseURL: `http://127.0.0.1:${port}` },
+  webServer: {
+    command: `node server.js ${port}`,
+    url: `http://127.0.0.1:${port}/page/index.html`,
+    reuseExistingServer: false,
+    stdout: "pipe",
+  },
+  projects: [
+    {
+      name: "chromium",
+      use: {
+        browserName: "chromium",
+        launchOptions: {
+          executablePath: process.env.LEAN_CHROMIUM ?? "/usr/bin/chromium",
+          args: [
+            "--no-sandbox",
+            "--enable-unsafe-webgpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+          ],
+        },
+      },
+    },
+    {
+      name: "firefox",
+      use: {
+        browserName: "firefox",
+        // Stock Firefox ESR, driven over WebDriver BiDi.
+        channel: "moz-firefox",
+        launchOptions: {
+          executablePath: process.env.LEAN_FIREFOX ?? "/usr/bin/firefox-esr",
+          firefoxUserPrefs: { "dom.webgpu.enabled": true, "gfx.webgpu.ignore-blocklist": true },
+        },
+      },
+    },
+  ],
+});

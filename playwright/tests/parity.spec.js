@@ -1,0 +1,119 @@
+// Browser parity: in each browser (Playwright project) and each CPU backend (simd = the
+// single-thread build, threads = the multi-thread build on 2 pool threads), every test model's
+// greedy ids equal the Hugging Face float32 reference (fixtures/hf). Each row also records load
+// time, prefill and decode speed as a "bench" annotation (scripts/test-browser.sh prints them).
+// Models: $LEAN_MODELS (default models/); a missing model skips, or fails when $CI is set.
+import { existsSync, readFileSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { expect, test } from "@playwright/test";
+
+const repo = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
+const modelsDir = process.env.LEAN_MODELS ?? join(repo, "models");
+const models = [
+  "smollm2-135m-instruct-q4_0",
+  "smollm2-135m-instruct-q4_1",
+  "smollm2-135m-instruct-q8_0",
+  "qwen2.5-coder-0.5b-instruct-q4_0",
+  "qwen2.5-coder-0.5b-instruct-q4_k_m",
+];
+// chat_long's 300-token prompt is the prefill measurement; the others are short prompts.
+const caseNames = ["chat_short", "raw_code", "chat_long"];
+const threads = 2;
+const backends = ["simd", "threads"];
+
+const fixture = (name) =>
+  JSON.parse(readFileSync(join(repo, "fixtures", "hf", `${name}.json`), "utf8"));
+
+/** Skips the test when a model file is missing, unless $CI is set. */
+function requireFile(file) {
+  if (existsSync(file)) return;
+  if (process.env.CI) throw new Error(`test model missing: ${file} (set LEAN_MODELS)`);
+  test.skip(true, `${file} not found (set LEAN_MODELS)`);
+}
+
+/** Opens the test page and instantiates `backend`'s package in its worker. */
+async function start(page, backend) {
+  await page.goto("/page/index.html");
+  const started = await page.evaluate(
+    ([backend, threads]) => window.lean("init", { backend, threads }),
+    [backend, threads],
+  );
+  expect(started).toEqual({
+    backend,
+    threads: backend === "threads" ? threads : 1,
+    crossOriginIsolated: true,
+  });
+}
+
+const lean = (page, method, args) =>
+  page.evaluate(([method, args]) => window.lean(method, args), [method, args]);
+
+for (const backend of backends) {
+  test.describe(backend, () => {
+    for (const name of models) {
+      test(`${name}: greedy ids equal the HF reference`, async ({ page }, testInfo) => {
+        const gguf = join(modelsDir, `${name}.gguf`);
+        requireFile(gguf);
+        const reference = fixture(name);
+        await start(page, backend);
+        const { loadMs, info } = await lean(page, "load", {
+          gguf: `/models/${name}.gguf`,
+          tokenizerDir: `/models/${reference.tokenizer}/`,
+          contextLength: 1024,
+        });
+        expect(info.context_length).toBe(1024);
+
+        const speeds = { decodeTokens: 0, decodeMs: 0 };
+        for (const caseName of caseNames) {
+          const c = reference.cases.find((c) => c.name === caseName);
+          const prompt = c.messages ? { messages: c.messages } : { raw: c.prompt };
+          const run = await lean(page, "generate", {
+            prompt,
+            options: { max_tokens: c.greedy_ids.length, stop_token_ids: [] },
+          });
+          expect(run.promptIds, `${caseName}: prompt ids`).toEqual(c.prompt_ids);
+          expect(run.token_ids, `${caseName}: greedy ids`).toEqual(c.greedy_ids);
+          expect(run.finish_reason).toBe("length");
+          // The first token comes out of the prefill; each later one is one decode step.
+          speeds.decodeTokens += run.token_ids.length - 1;
+          speeds.decodeMs += run.decodeMs;
+          if (caseName === "chat_long") {
+            speeds.prefillTokens = run.promptIds.length;
+            speeds.prefillMs = run.prefillMs;
+          }
+        }
+        const row = {
+          browser: testInfo.project.name,
+          backend,
+          threads: backend === "threads" ? threads : 1,
+          model: name,
+          loadS: +(loadMs / 1000).toFixed(2),
+          prefillTokPerS: +((speeds.prefillTokens * 1000) / speeds.prefillMs).toFixed(1),
+          decodeTokPerS: +((speeds.decodeTokens * 1000) / speeds.decodeMs).toFixed(1),
+        };
+        testInfo.annotations.push({ type: "bench", description: JSON.stringify(row) });
+        console.log(
+          `${row.browser} ${backend} ${name}: load ${row.loadS} s, prefill ` +
+            `${row.prefillTokPerS} tok/s (${speeds.prefillTokens} tokens), decode ` +
+            `${row.decodeTokPerS} tok/s`,
+        );
+      });
+    }
+
+    test("a corrupt GGUF gives a readable error, not a trap", async ({ page }) => {
+      const name = models[0];
+      requireFile(join(modelsDir, `${name}.gguf`));
+      await start(page, backend);
+      const error = await lean(page, "loadTruncated", {
+        gguf: `/models/${name}.gguf`,
+        bytes: 1000,
+        tokenizerDir: `/models/${fixture(name).tokenizer}/`,
+      });
+      expect(error).not.toBeNull();
+      expect(error.message).toMatch(/invalid GGUF file/);
+      expect(error.message).not.toMatch(/unreachable/);
+      expect(error.panic).toBeNull();
+    });
+  });
+}

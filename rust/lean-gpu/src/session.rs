@@ -1,0 +1,555 @@
+//! The GPU backend's session: the model's weights on the device (packed as in the GGUF), a KV
+//! cache, activations, and recorded plans of the forward pass.
+//!
+//! A step (a prefill chunk or one decoded token) is one command buffer and one submit: the
+//! token ids and the position are written into small buffers, the recorded plan replays, and
+//! only what the caller needs comes back: the argmax id (4 bytes) for greedy decoding, else the
+//! logits. The decode plan (one token) is recorded once; prefill plans per chunk size.
+use crate::context::GpuContext;
+use crate::error::{GpuError, Result};
+use crate::kernels::{AttentionShape, Kernels, RopePairing, RopeShape, StepBuffer};
+use crate::plan::Plan;
+use crate::weights::GpuMatrix;
+use lean::config::{ModelConfig, RopeStyle};
+use lean::model::Matrix;
+use lean::{LeanError, Logits, Model, Session};
+use std::sync::Arc;
+
+/// Tokens per prefill submit: bounds the activations (and the logits rows of `Logits::All`).
+pub const PREFILL_CHUNK: usize = 128;
+
+struct LayerBuffers {
+    attn_norm: wgpu::Buffer,
+    wq: GpuMatrix,
+    wk: GpuMatrix,
+    wv: GpuMatrix,
+    bq: Option<wgpu::Buffer>,
+    bk: Option<wgpu::Buffer>,
+    bv: Option<wgpu::Buffer>,
+    wo: GpuMatrix,
+    ffn_norm: wgpu::Buffer,
+    w_gate: GpuMatrix,
+    w_up: GpuMatrix,
+    w_down: GpuMatrix,
+    /// This layer's cache: [kv_head][capacity][head_dim] each (one buffer per layer keeps every
+    /// binding small).
+    keys: wgpu::Buffer,
+    values: wgpu::Buffer,
+}
+
+/// A model's weights on the device; `output` is `None` when the head is tied to the embedding.
+pub struct GpuModel {
+    config: ModelConfig,
+    token_embd: GpuMatrix,
+    output_norm: wgpu::Buffer,
+    output: Option<GpuMatrix>,
+}
+
+impl GpuModel {
+    fn output(&self) -> &GpuMatrix {
+        self.output.as_ref().unwrap_or(&self.token_embd)
+    }
+}
+
+/// Activations of up to PREFILL_CHUNK tokens (the decode plan uses their first rows).
+struct Activations {
+    ids: wgpu::Buffer,
+    x: wgpu::Buffer,
+    h: wgpu::Buffer,
+    q: wgpu::Buffer,
+    k: wgpu::Buffer,
+    v: wgpu::Buffer,
+    attn: wgpu::Buffer,
+    /// Split-K attention's partial results.
+    partials: wgpu::Buffer,
+    gate: wgpu::Buffer,
+    up: wgpu::Buffer,
+    act: wgpu::Buffer,
+    /// The last token's hidden state (its final norm) when only its logits are wanted.
+    last: wgpu::Buffer,
+    /// Logits of the last token, or of every token of a chunk (`Logits::All`, made on demand).
+    logits: wgpu::Buffer,
+    logits_all: Option<wgpu::Buffer>,
+    argmax: wgpu::Buffer,
+}
+
+/// Which logits a recorded step produces.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+enum Output {
+    /// None (a prefill chunk before the last).
+    Nothing,
+    /// The last token's logits and their argmax.
+    Last,
+    /// Every token's logits.
+    All,
+}
+
+pub struct GpuSession {
+    ctx: Arc<GpuContext>,
+    kernels: Arc<Kernels>,
+    model: GpuModel,
+    layers: Vec<LayerBuffers>,
+    rope_table: wgpu::Buffer,
+    step: StepBuffer,
+    act: Activations,
+    capacity: usize,
+    pos: usize,
+    decode_plan: Option<Plan>,
+}
+
+/// LEAN_GPU_TRACE=1 prints the time of each decode step's phases to stderr.
+fn trace() -> bool {
+    static TRACE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TRACE.get_or_init(|| std::env::var_os("LEAN_GPU_TRACE").is_some())
+}
+
+fn to_lean(e: GpuError) -> LeanError {
+    LeanError::Backend(format!("GPU: {e}"))
+}
+
+impl GpuSession {
+    /// Uploads the model's weights and allocates a KV cache of `context_length` positions.
+    /// Fails with a clear error when a tensor type has no GPU kernel, a head is too large, or
+    /// the device runs out of memory.
+    pub fn new(
+        ctx: Arc<GpuContext>,
+        kernels: Arc<Kernels>,
+        model: &Model,
+        context_length: usize,
+    ) -> Result<Self> {
+        Self::with_binding_limit(ctx, kernels, model, context_length, None)
+    }
+
+    /// As `new`, splitting every weight matrix into parts of at most `max_part_bytes` (tests
+    /// force a small limit so that the split path runs on small models).
+    pub fn with_binding_limit(
+        ctx: Arc<GpuContext>,
+        kernels: Arc<Kernels>,
+        model: &Model,
+        context_length: usize,
+        max_part_bytes: Option<u64>,
+    ) -> Result<Self> {
+        let c = model.config.clone();
+        if c.head_dim > crate::kernels::MAX_HEAD_DIM {
+            return Err(GpuError::Shape(format!(
+                "head_dim {} exceeds the attention kernel's {}",
+                c.head_dim,
+                crate::kernels::MAX_HEAD_DIM
+            )));
+        }
+        if context_length == 0 {
+            return Err(GpuError::Shape("a context of no positions".into()));
+        }
+        let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let limit = max_part_bytes.unwrap_or_else(|| ctx.max_binding_bytes());
+        let matrix = |m: &Matrix| -> Result<GpuMatrix> {
+            GpuMatrix::upload_split(&ctx, m.ty, m.rows, m.cols, model.data(m), limit).map_err(|e| {
+                match e {
+                    GpuError::UnsupportedType(_) | GpuError::TooLarge(_) => {
+                        GpuError::Shape(format!("tensor '{}': {e}", m.name))
+                    }
+                    other => other,
+                }
+            })
+        };
+        let w = &model.weights;
+        for m in std::iter::once(&w.token_embd)
+            .chain(std::iter::once(&w.output))
+            .chain(
+                w.layers
+                    .iter()
+                    .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]),
+            )
+        {
+            if !crate::kernels::matvec_supports(m.ty) {
+                return Err(GpuError::UnsupportedType(m.ty));
+            }
+        }
+        let cache_len = c.n_kv_heads * context_length * c.head_dim;
+        let layers = w
+            .layers
+            .iter()
+            .map(|l| {
+                let bias = |b: &Option<Vec<f32>>| b.as_ref().map(|b| ctx.upload_f32("bias", b));
+                Ok(LayerBuffers {
+                    attn_norm: ctx.upload_f32("attn_norm", &l.attn_norm),
+                    wq: matrix(&l.wq)?,
+                    wk: matrix(&l.wk)?,
+                    wv: matrix(&l.wv)?,
+                    bq: bias(&l.bq),
+                    bk: bias(&l.bk),
+                    bv: bias(&l.bv),
+                    wo: matrix(&l.wo)?,
+                    ffn_norm: ctx.upload_f32("ffn_norm", &l.ffn_norm),
+                    w_gate: matrix(&l.w_gate)?,
+                    w_up: matrix(&l.w_up)?,
+                    w_down: matrix(&l.w_down)?,
+                    keys: ctx.storage_f32("keys", cache_len),
+                    values: ctx.storage_f32("values", cache_len),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let gpu_model = GpuModel {
+            token_embd: matrix(&w.token_embd)?,
+            output_norm: ctx.upload_f32("output_norm", &w.output_norm),
+            output: if w.tied_output {
+                None
+            } else {
+                Some(matrix(&w.output)?)
+            },
+            config: c.clone(),
+        };
+        let table = lean::cpu::ops::RopeTable::new(&c, context_length);
+        let rope_table = ctx.upload_f32("rope cos/sin", table.cos_sin_pairs().as_flattened());
+        let n = PREFILL_CHUNK;
+        let partials_len = AttentionShape {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            n_tokens: n,
+            capacity: context_length,
+            cache_offset: 0,
+        }
+        .partials_len();
+        let act = Activations {
+            ids: ctx.storage_f32("ids", n),
+            x: ctx.storage_f32("x", n * c.n_embd),
+            h: ctx.storage_f32("h", n * c.n_embd),
+            q: ctx.storage_f32("q", n * c.q_dim()),
+            k: ctx.storage_f32("k", n * c.kv_dim()),
+            v: ctx.storage_f32("v", n * c.kv_dim()),
+            attn: ctx.storage_f32("attn", n * c.q_dim()),
+            partials: ctx.storage_f32("attention partials", partials_len),
+            gate: ctx.storage_f32("gate", n * c.n_ff),
+            up: ctx.storage_f32("up", n * c.n_ff),
+            act: ctx.storage_f32("act", n * c.n_ff),
+            last: ctx.storage_f32("last", c.n_embd),
+            logits: ctx.storage_f32("logits", c.vocab_size),
+            logits_all: None,
+            argmax: ctx.storage_f32("argmax", 1),
+        };
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Device(format!(
+                "out of memory loading the model: {e}"
+            )));
+        }
+        ctx.take_error()?;
+        Ok(GpuSession {
+            step: StepBuffer::new(&ctx),
+            ctx,
+            kernels,
+            model: gpu_model,
+            layers,
+            rope_table,
+            act,
+            capacity: context_length,
+            pos: 0,
+            decode_plan: None,
+        })
+    }
+
+    /// y = x · Wᵀ for n rows of x: matvec for one token, the tiled matmul for several.
+    fn linear(
+        &self,
+        plan: &mut Plan,
+        m: &GpuMatrix,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        n: usize,
+    ) -> Result<()> {
+        if n == 1 {
+            self.kernels.matvec(&self.ctx, plan, m, x, y)
+        } else {
+            self.kernels.matmul(&self.ctx, plan, m, x, y, n)
+        }
+    }
+
+    /// y += x · Wᵀ: the residual add fused into the product.
+    fn linear_add(
+        &self,
+        plan: &mut Plan,
+        m: &GpuMatrix,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        n: usize,
+    ) -> Result<()> {
+        if n == 1 {
+            self.kernels.matvec_add(&self.ctx, plan, m, x, y)
+        } else {
+            self.kernels.matmul_add(&self.ctx, plan, m, x, y, n)
+        }
+    }
+
+    /// Records the forward pass of `n` tokens (ids in `act.ids`, first position in the step
+    /// buffer) through every layer, then the output head per `output`.
+    fn record(&self, n: usize, output: Output) -> Result<Plan> {
+        let (ctx, k, a) = (&*self.ctx, &*self.kernels, &self.act);
+        let c = &self.model.config;
+        let (e, qd, kvd, ff, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff, c.head_dim);
+        let pairing = match c.rope_style {
+            RopeStyle::Interleaved => RopePairing::Interleaved,
+            RopeStyle::Neox => RopePairing::Neox,
+        };
+        let rope = |n_heads| RopeShape {
+            n_tokens: n,
+            n_heads,
+            head_dim: hd,
+            rope_dim: c.rope_dim,
+            positions: self.capacity,
+            pairing,
+        };
+        let attention = AttentionShape {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: hd,
+            n_tokens: n,
+            capacity: self.capacity,
+            cache_offset: 0,
+        };
+        let mut p = Plan::new();
+        k.embed(ctx, &mut p, &self.model.token_embd, &a.ids, &a.x, n)?;
+        for l in &self.layers {
+            k.rms_norm(ctx, &mut p, &a.x, &l.attn_norm, &a.h, e, n, c.rms_eps)?;
+            for (m, b, y, len) in [
+                (&l.wq, &l.bq, &a.q, qd),
+                (&l.wk, &l.bk, &a.k, kvd),
+                (&l.wv, &l.bv, &a.v, kvd),
+            ] {
+                self.linear(&mut p, m, &a.h, y, n)?;
+                if let Some(b) = b {
+                    k.add(ctx, &mut p, y, b, n * len, len)?;
+                }
+            }
+            k.rope(
+                ctx,
+                &mut p,
+                &self.step,
+                &a.q,
+                &self.rope_table,
+                rope(c.n_heads),
+            )?;
+            k.rope(
+                ctx,
+                &mut p,
+                &self.step,
+                &a.k,
+                &self.rope_table,
+                rope(c.n_kv_heads),
+            )?;
+            k.kv_store(
+                ctx, &mut p, &self.step, &a.k, &a.v, &l.keys, &l.values, attention,
+            )?;
+            k.attention(
+                ctx,
+                &mut p,
+                &self.step,
+                &a.q,
+                &l.keys,
+                &l.values,
+                &a.partials,
+                &a.attn,
+                attention,
+            )?;
+            self.linear_add(&mut p, &l.wo, &a.attn, &a.x, n)?;
+            k.rms_norm(ctx, &mut p, &a.x, &l.ffn_norm, &a.h, e, n, c.rms_eps)?;
+            self.linear(&mut p, &l.w_gate, &a.h, &a.gate, n)?;
+            self.linear(&mut p, &l.w_up, &a.h, &a.up, n)?;
+            k.silu_mul(ctx, &mut p, &a.gate, &a.up, &a.act, n * ff)?;
+            self.linear_add(&mut p, &l.w_down, &a.act, &a.x, n)?;
+        }
+        let head = self.model.output();
+        match output {
+            Output::Nothing => {}
+            Output::Last => {
+                // Only the last row goes through the final norm and the head.
+                let row = (e * 4) as u64;
+                p.copy(&a.x, (n - 1) as u64 * row, &a.h, 0, row);
+                k.rms_norm(
+                    ctx,
+                    &mut p,
+                    &a.h,
+                    &self.model.output_norm,
+                    &a.last,
+                    e,
+                    1,
+                    c.rms_eps,
+                )?;
+                k.matvec(ctx, &mut p, head, &a.last, &a.logits)?;
+                k.argmax(ctx, &mut p, &a.logits, &a.argmax, c.vocab_size)?;
+            }
+            Output::All => {
+                let logits = a
+                    .logits_all
+                    .as_ref()
+                    .ok_or_else(|| GpuError::Shape("no logits buffer for every token".into()))?;
+                k.rms_norm(
+                    ctx,
+                    &mut p,
+                    &a.x,
+                    &self.model.output_norm,
+                    &a.h,
+                    e,
+                    n,
+                    c.rms_eps,
+                )?;
+                self.linear(&mut p, head, &a.h, logits, n)?;
+            }
+        }
+        Ok(p)
+    }
+
+    /// Runs one chunk (at most PREFILL_CHUNK tokens) at the current position.
+    fn run_chunk(&mut self, tokens: &[u32], output: Output) -> Result<()> {
+        let n = tokens.len();
+        self.ctx
+            .queue
+            .write_buffer(&self.act.ids, 0, bytemuck::cast_slice(tokens));
+        self.step.set(&self.ctx, self.pos)?;
+        if n == 1 && output == Output::Last {
+            if self.decode_plan.is_none() {
+                self.decode_plan = Some(self.record(1, Output::Last)?);
+            }
+            let plan = self.decode_plan.as_ref().expect("recorded above");
+            if trace() {
+                // Where a decode step's time goes: encoding (CPU), submit, GPU + readback.
+                let t = std::time::Instant::now();
+                let mut encoder = self.ctx.device.create_command_encoder(&Default::default());
+                plan.encode(&mut encoder);
+                let buffer = encoder.finish();
+                let encoded = t.elapsed();
+                self.ctx.queue.submit([buffer]);
+                let submitted = t.elapsed();
+                self.ctx
+                    .device
+                    .poll(wgpu::PollType::wait_indefinitely())
+                    .map_err(|e| GpuError::Device(e.to_string()))?;
+                eprintln!(
+                    "lean-gpu trace: {} dispatches · encode {:?} · submit {:?} · gpu wait {:?}",
+                    plan.len(),
+                    encoded,
+                    submitted - encoded,
+                    t.elapsed() - submitted
+                );
+            } else {
+                plan.submit(&self.ctx);
+            }
+        } else {
+            if output == Output::All && self.act.logits_all.is_none() {
+                self.act.logits_all = Some(
+                    self.ctx
+                        .storage_f32("logits (all)", PREFILL_CHUNK * self.model.config.vocab_size),
+                );
+            }
+            self.record(n, output)?.submit(&self.ctx);
+        }
+        self.ctx.take_error()?;
+        self.pos += n;
+        Ok(())
+    }
+
+    /// Waits for the submitted work and resolves a readback (native: blocks this thread).
+    fn wait<T>(&self, future: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        self.ctx
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuError::Device(e.to_string()))?;
+        let value = pollster::block_on(future)?;
+        self.ctx.take_error()?;
+        Ok(value)
+    }
+
+    fn check(&self, tokens: &[u32]) -> lean::Result<()> {
+        let vocab = self.model.config.vocab_size;
+        if tokens.is_empty() {
+            return Err(LeanError::InvalidArgument("no tokens to run".into()));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(LeanError::InvalidArgument(format!(
+                "token id {bad} is outside the vocabulary ({vocab})"
+            )));
+        }
+        if self.pos + tokens.len() > self.capacity {
+            return Err(LeanError::PromptTooLong {
+                prompt_tokens: self.pos + tokens.len(),
+                context_length: self.capacity,
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs all chunks but the last without output; returns the last chunk.
+    fn run_prefix<'t>(&mut self, tokens: &'t [u32]) -> Result<&'t [u32]> {
+        let last_start = (tokens.len() - 1) / PREFILL_CHUNK * PREFILL_CHUNK;
+        for chunk in tokens[..last_start].chunks(PREFILL_CHUNK) {
+            self.run_chunk(chunk, Output::Nothing)?;
+        }
+        Ok(&tokens[last_start..])
+    }
+}
+
+impl Session for GpuSession {
+    fn describe(&self) -> String {
+        format!("gpu ({})", self.ctx.describe())
+    }
+
+    fn context_length(&self) -> usize {
+        self.capacity
+    }
+
+    fn position(&self) -> usize {
+        self.pos
+    }
+
+    fn kv_bytes(&self) -> usize {
+        let c = &self.model.config;
+        2 * c.n_layers * c.n_kv_heads * self.capacity * c.head_dim * 4
+    }
+
+    fn truncate(&mut self, pos: usize) {
+        self.pos = self.pos.min(pos);
+    }
+
+    fn forward(
+        &mut self,
+        _model: &Model,
+        tokens: &[u32],
+        want: Logits,
+        on_logits: &mut (dyn FnMut(usize, &[f32]) + Send),
+    ) -> lean::Result<()> {
+        self.check(tokens)?;
+        let vocab = self.model.config.vocab_size;
+        match want {
+            Logits::Last => {
+                let last = self.run_prefix(tokens).map_err(to_lean)?;
+                self.run_chunk(last, Output::Last).map_err(to_lean)?;
+                let logits = self
+                    .wait(self.ctx.read_f32(&self.act.logits, vocab))
+                    .map_err(to_lean)?;
+                on_logits(tokens.len() - 1, &logits);
+            }
+            Logits::All => {
+                for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+                    self.run_chunk(chunk, Output::All).map_err(to_lean)?;
+                    let buffer = self.act.logits_all.as_ref().expect("made by run_chunk");
+                    let logits = self
+                        .wait(self.ctx.read_f32(buffer, chunk.len() * vocab))
+                        .map_err(to_lean)?;
+                    for (r, row) in logits.chunks_exact(vocab).enumerate() {
+                        on_logits(i * PREFILL_CHUNK + r, row);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn forward_argmax(&mut self, _model: &Model, tokens: &[u32]) -> lean::Result<u32> {
+        self.check(tokens)?;
+        let last = self.run_prefix(tokens).map_err(to_lean)?;
+        self.run_chunk(last, Output::Last).map_err(to_lean)?;
+        let id = self
+            .wait(self.ctx.read_u32(&self.act.argmax, 1))
+            .map_err(to_lean)?;
+        Ok(id[0])
+    }
+}

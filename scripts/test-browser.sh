@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Browser tests: builds both WebAssembly packages (scripts/build.sh), installs the pinned
+# Playwright (npm ci in playwright/; the browsers are the system's, from scripts/setup.sh), then
+# checks greedy ids against the HF fixtures in Chromium and Firefox on the simd and threads
+# backends for every test model, and prints the speed table and one closing line
+# `browser: N passed, N failed`.
+# Arguments go to `playwright test` (e.g. --project chromium, -g threads).
+# Env: LEAN_MODELS (default models/), LEAN_TEST_PORT (default 8787), CARGO_TARGET_DIR.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export LEAN_MODELS=${LEAN_MODELS:-$PWD/models}
+
+scripts/setup.sh
+scripts/fetch-test-models.sh "$LEAN_MODELS"
+scripts/build.sh
+
+cd playwright
+# Playwright's own browser downloads are neither possible nor needed here.
+PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund
+status=0
+npx playwright test "$@" || status=$?
+node summary.js test-results/results.json || status=$((status ? status : 1))
+exit "$status"
