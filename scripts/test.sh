@@ -34,6 +34,6 @@ scripts/test-browser.sh 2>&1 | tee "$log.browser" || browser_status=$?
 # One closing line over all the test binaries (cargo prints one per binary, the last often a
 # doc-test run with 0 tests), then lean-js's and the browsers'.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "rust: %d passed, %d failed\n", p, f }' "$log"
-grep -E '^ +Tests +' "$log.js" | tail -1 | sed 's/^ */lean-js: /'
-grep -E '^browser: ' "$log.browser" | tail -1
+sed 's/\x1b\[[0-9;]*m//g' "$log.js" | grep -E '^ +Tests +' | tail -1 | sed 's/^ */lean-js: /' || true
+grep -E '^browser: ' "$log.browser" | tail -1 || true
 exit "$browser_status"
