@@ -248,7 +248,8 @@ impl GpuSession {
         })
     }
 
-    /// y = x · Wᵀ for n rows of x: matvec for one token, the tiled matmul for several.
+    /// y = x · Wᵀ for n rows of x (y += x · Wᵀ with `accumulate`: the residual add fused in):
+    /// matvec for one token, the tiled matmul for several.
     fn linear(
         &self,
         plan: &mut Plan,
@@ -256,27 +257,14 @@ impl GpuSession {
         x: &wgpu::Buffer,
         y: &wgpu::Buffer,
         n: usize,
+        accumulate: bool,
     ) -> Result<()> {
-        if n == 1 {
-            self.kernels.matvec(&self.ctx, plan, m, x, y)
-        } else {
-            self.kernels.matmul(&self.ctx, plan, m, x, y, n)
-        }
-    }
-
-    /// y += x · Wᵀ: the residual add fused into the product.
-    fn linear_add(
-        &self,
-        plan: &mut Plan,
-        m: &GpuMatrix,
-        x: &wgpu::Buffer,
-        y: &wgpu::Buffer,
-        n: usize,
-    ) -> Result<()> {
-        if n == 1 {
-            self.kernels.matvec_add(&self.ctx, plan, m, x, y)
-        } else {
-            self.kernels.matmul_add(&self.ctx, plan, m, x, y, n)
+        let (ctx, k) = (&*self.ctx, &*self.kernels);
+        match (n, accumulate) {
+            (1, false) => k.matvec(ctx, plan, m, x, y),
+            (1, true) => k.matvec_add(ctx, plan, m, x, y),
+            (_, false) => k.matmul(ctx, plan, m, x, y, n),
+            (_, true) => k.matmul_add(ctx, plan, m, x, y, n),
         }
     }
 
@@ -315,7 +303,7 @@ impl GpuSession {
                 (&l.wk, &l.bk, &a.k, kvd),
                 (&l.wv, &l.bv, &a.v, kvd),
             ] {
-                self.linear(&mut p, m, &a.h, y, n)?;
+                self.linear(&mut p, m, &a.h, y, n, false)?;
                 if let Some(b) = b {
                     k.add(ctx, &mut p, y, b, n * len, len)?;
                 }
@@ -350,12 +338,12 @@ impl GpuSession {
                 &a.attn,
                 attention,
             )?;
-            self.linear_add(&mut p, &l.wo, &a.attn, &a.x, n)?;
+            self.linear(&mut p, &l.wo, &a.attn, &a.x, n, true)?;
             k.rms_norm(ctx, &mut p, &a.x, &l.ffn_norm, &a.h, e, n, c.rms_eps)?;
-            self.linear(&mut p, &l.w_gate, &a.h, &a.gate, n)?;
-            self.linear(&mut p, &l.w_up, &a.h, &a.up, n)?;
+            self.linear(&mut p, &l.w_gate, &a.h, &a.gate, n, false)?;
+            self.linear(&mut p, &l.w_up, &a.h, &a.up, n, false)?;
             k.silu_mul(ctx, &mut p, &a.gate, &a.up, &a.act, n * ff)?;
-            self.linear_add(&mut p, &l.w_down, &a.act, &a.x, n)?;
+            self.linear(&mut p, &l.w_down, &a.act, &a.x, n, true)?;
         }
         let head = self.model.output();
         match output {
@@ -392,7 +380,7 @@ impl GpuSession {
                     n,
                     c.rms_eps,
                 )?;
-                self.linear(&mut p, head, &a.h, logits, n)?;
+                self.linear(&mut p, head, &a.h, logits, n, false)?;
             }
         }
         Ok(p)
