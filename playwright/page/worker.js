@@ -1,14 +1,17 @@
-// Worker half of the test page: drives the raw wasm-bindgen packages (pkg/ = simd, pkg-mt/ =
-// threads) the way an app would, and times each phase. Requests: {id, method, args}; replies:
+// Worker half of the test page: drives the raw wasm-bindgen packages (pkg/ = simd, and webgpu
+// through its GpuModelLoader; pkg-mt/ = threads) the way an app would, and times each phase. Requests: {id, method, args}; replies:
 // {id, result} or {id, error: {name, message}}.
 let wasm; // the package's module once `init` ran
 let engine; // the WasmEngine of the last `load`
+let gpu = false; // whether `init` chose the webgpu backend
 
-/** Streams `url` into a ModelLoader chunk by chunk (no second copy of the file in JS). */
+/** Streams `url` chunk by chunk (no second copy of the file in JS) into a ModelLoader, or for
+ * webgpu a GpuModelLoader (each matrix straight into a GPU buffer). */
 async function streamGguf(url) {
   const response = await fetch(url);
   if (!response.ok) throw new Error(`${url}: HTTP ${response.status}`);
-  const loader = new wasm.ModelLoader(Number(response.headers.get("Content-Length")));
+  const size = Number(response.headers.get("Content-Length"));
+  const loader = gpu ? await wasm.GpuModelLoader.open(size) : new wasm.ModelLoader(size);
   for await (const chunk of response.body) loader.push(chunk);
   return loader;
 }
@@ -41,18 +44,19 @@ async function finish(loader, tokenizerDir, contextLength) {
     fetchBytes(`${tokenizerDir}tokenizer_config.json`),
     fetchBytes(`${tokenizerDir}chat_template.jinja`).then((b) => new TextDecoder().decode(b)),
   ]);
-  return loader.finish(tokenizerJson, tokenizerConfig, chatTemplate, contextLength);
+  return await loader.finish(tokenizerJson, tokenizerConfig, chatTemplate, contextLength);
 }
 
 const methods = {
-  /** Instantiates the package of `backend` ("simd" or "threads", the latter with `threads`
-   * pool threads). */
+  /** Instantiates the package of `backend` ("simd", "webgpu" or "threads", the latter with
+   * `threads` pool threads). */
   async init({ backend, threads }) {
     wasm = await import(backend === "threads" ? "/pkg-mt/lean_wasm.js" : "/pkg/lean_wasm.js");
     await wasm.default();
     if (backend === "threads") await wasm.initThreadPool(threads);
+    gpu = backend === "webgpu";
     return {
-      backend: wasm.backend(),
+      backend: gpu ? "webgpu" : wasm.backend(),
       threads: backend === "threads" ? wasm.threadCount() : 1,
       crossOriginIsolated: self.crossOriginIsolated,
     };
@@ -69,14 +73,14 @@ const methods = {
 
   /** Generates step by step so that prefill and decode are timed apart: `prefillMs` is the
    * prompt's forward pass, `decodeMs` spans the tokens after the first. */
-  generate({ prompt, options }) {
+  async generate({ prompt, options }) {
     const started = performance.now();
-    const begun = engine.begin(JSON.stringify(prompt), JSON.stringify(options));
+    const begun = await engine.begin(JSON.stringify(prompt), JSON.stringify(options));
     const { prompt_ids } = JSON.parse(begun);
     const prefillMs = performance.now() - started;
     let firstTokenAt;
     for (;;) {
-      const { done } = JSON.parse(engine.step());
+      const { done } = JSON.parse(await engine.step());
       firstTokenAt ??= performance.now();
       if (done) {
         return { promptIds: prompt_ids, ...done, prefillMs, decodeMs: performance.now() - firstTokenAt };
@@ -87,9 +91,9 @@ const methods = {
   /** Loads the first `bytes` bytes of a GGUF: the error it gives, or null when it loads. */
   async loadTruncated({ gguf, bytes, tokenizerDir }) {
     const head = await fetchHead(gguf, bytes);
-    const loader = new wasm.ModelLoader(head.length);
-    loader.push(head);
     try {
+      const loader = gpu ? await wasm.GpuModelLoader.open(head.length) : new wasm.ModelLoader(head.length);
+      loader.push(head);
       (await finish(loader, tokenizerDir, 256)).free();
       return null;
     } catch (e) {

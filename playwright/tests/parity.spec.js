@@ -1,6 +1,8 @@
 // Browser parity: in each browser (Playwright project) and each CPU backend (simd = the
 // single-thread build, threads = the multi-thread build on 2 pool threads), every test model's
-// greedy ids equal the Hugging Face float32 reference (fixtures/hf). Each row also records load
+// greedy ids equal the Hugging Face float32 reference (fixtures/hf). The webgpu backend runs on
+// software WebGPU here (SwiftShader in Chromium, lavapipe in Firefox: ~1000× slower than a GPU),
+// so it covers one model per browser on a short case, the first greedy ids. Each row also records load
 // time, prefill and decode speed as a "bench" annotation (scripts/test-browser.sh prints them).
 // Models: $LEAN_MODELS (default models/); a missing model skips, or fails when $CI is set.
 import { existsSync, readFileSync } from "node:fs";
@@ -48,6 +50,77 @@ async function start(page, backend) {
 
 const lean = (page, method, args) =>
   page.evaluate(([method, args]) => window.lean(method, args), [method, args]);
+
+/**
+ * Skips when the browser offers no WebGPU adapter. Firefox ESR refuses WebGPU in every release
+ * build ("not yet available in Release or late Beta builds", whatever the prefs), so there the
+ * row is skipped with the browser's reason; Chromium here has it (SwiftShader), so with $CI a
+ * missing adapter there fails.
+ */
+async function requireWebGpu(page, browserName) {
+  await page.goto("/page/index.html");
+  const missing = await page.evaluate(async () => {
+    if (!navigator.gpu) return "navigator.gpu is missing";
+    try {
+      return (await navigator.gpu.requestAdapter()) ? null : "no WebGPU adapter";
+    } catch (e) {
+      return `requestAdapter failed: ${e.message}`;
+    }
+  });
+  if (missing === null) return;
+  if (process.env.CI && browserName === "chromium") throw new Error(`WebGPU unavailable: ${missing}`);
+  test.skip(true, `WebGPU unavailable in this browser: ${missing}`);
+}
+
+test.describe("webgpu", () => {
+  // One model, ids of the short raw-code case: prefill + 8 tokens take minutes in software.
+  const name = "smollm2-135m-instruct-q4_0";
+  const greedyTokens = 8;
+  test(`${name}: first ${greedyTokens} greedy ids equal the HF reference`, async ({ page }, testInfo) => {
+    test.setTimeout(20 * 60_000);
+    requireFile(join(modelsDir, `${name}.gguf`));
+    await requireWebGpu(page, testInfo.project.name);
+    const reference = fixture(name);
+    await start(page, "webgpu");
+    const { loadMs, info } = await lean(page, "load", {
+      gguf: `/models/${name}.gguf`,
+      tokenizerDir: `/models/${reference.tokenizer}/`,
+      contextLength: 256,
+    });
+    expect(info.backend).toMatch(/^gpu \(/);
+    const c = reference.cases.find((c) => c.name === "raw_code");
+    const run = await lean(page, "generate", {
+      prompt: { raw: c.prompt },
+      options: { max_tokens: greedyTokens, stop_token_ids: [] },
+    });
+    expect(run.promptIds, "prompt ids").toEqual(c.prompt_ids);
+    expect(run.token_ids, "greedy ids").toEqual(c.greedy_ids.slice(0, greedyTokens));
+    const row = {
+      browser: testInfo.project.name,
+      backend: "webgpu",
+      model: name,
+      loadS: +(loadMs / 1000).toFixed(2),
+      prefillTokPerS: +((c.prompt_ids.length * 1000) / run.prefillMs).toFixed(2),
+      decodeTokPerS: +(((greedyTokens - 1) * 1000) / run.decodeMs).toFixed(2),
+    };
+    testInfo.annotations.push({ type: "bench", description: JSON.stringify(row) });
+    console.log(`${row.browser} webgpu ${name} on ${info.backend}: ${JSON.stringify(row)}`);
+  });
+
+  test("a corrupt GGUF streamed to the GPU gives a readable error, not a trap", async ({ page }, testInfo) => {
+    requireFile(join(modelsDir, `${name}.gguf`));
+    await requireWebGpu(page, testInfo.project.name);
+    await start(page, "webgpu");
+    const error = await lean(page, "loadTruncated", {
+      gguf: `/models/${name}.gguf`,
+      bytes: 1000,
+      tokenizerDir: `/models/${fixture(name).tokenizer}/`,
+    });
+    expect(error).not.toBeNull();
+    expect(error.message).toMatch(/WebGPU: .*invalid GGUF file/);
+    expect(error.panic).toBeNull();
+  });
+});
 
 for (const backend of backends) {
   test.describe(backend, () => {

@@ -1,12 +1,14 @@
 /**
  * The part of the wasm-bindgen module (rust/lean-wasm) that the worker uses. Both builds
- * (single-thread SIMD and multi-thread) have this shape; the multi-thread one adds
- * `initThreadPool`. JSON strings cross the boundary: see rust/lean-wasm/src/lib.rs.
+ * (single-thread SIMD and multi-thread) have this shape and both have the GPU backend
+ * (`GpuModelLoader`); the multi-thread one adds `initThreadPool`. JSON strings cross the boundary:
+ * see rust/lean-wasm/src/lib.rs.
  */
 export interface WasmEngineHandle {
   info(): string;
-  begin(promptJson: string, optionsJson: string): string;
-  step(): string;
+  /** Promises: a WebGPU engine's results come back through the event loop. */
+  begin(promptJson: string, optionsJson: string): Promise<string>;
+  step(): Promise<string>;
   cancel(): string | undefined;
   tokenize(text: string): Uint32Array;
   free(): void;
@@ -24,10 +26,25 @@ export interface WasmModelLoader {
   free(): void;
 }
 
+/** The GPU backend's loader: each weight matrix goes to a WebGPU buffer as soon as it arrived. */
+export interface WasmGpuModelLoader {
+  push(chunk: Uint8Array): void;
+  readonly received: number;
+  finish(
+    tokenizerJson: Uint8Array,
+    tokenizerConfig: Uint8Array | null | undefined,
+    chatTemplate: string | null | undefined,
+    contextLength: number,
+  ): Promise<WasmEngineHandle>;
+  free(): void;
+}
+
 export interface WasmModule {
   /** wasm-bindgen's init: fetches and instantiates the .wasm next to the glue. */
   default(): Promise<unknown>;
   ModelLoader: new (totalBytes: number) => WasmModelLoader;
+  /** Opens a WebGPU device and compiles the kernels (both builds have it). */
+  GpuModelLoader: { open(totalBytes: number): Promise<WasmGpuModelLoader> };
   backend(): string;
   takePanicMessage(): string | undefined;
   /** Multi-thread build only: starts rayon's pool of `threads` Web Workers. */
@@ -38,6 +55,8 @@ export interface WasmModule {
 export interface WasmBuildLoaders {
   simd: (() => Promise<WasmModule>) | null;
   threads: (() => Promise<WasmModule>) | null;
+  /** The build that runs the GPU backend (the single-thread one: the GPU needs no threads). */
+  webgpu: (() => Promise<WasmModule>) | null;
 }
 
 /** The JSON of `WasmEngine.step` and `cancel`. */

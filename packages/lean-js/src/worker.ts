@@ -1,7 +1,8 @@
 /**
  * The Web Worker that runs lean: it picks the backend, loads the WebAssembly build, streams the
- * model files into wasm memory, and generates token by token. Between tokens it returns to its
- * event loop, which is how a `cancel` message gets in: the wasm calls themselves are synchronous.
+ * model files into wasm memory (and from there, for WebGPU, into GPU buffers), and generates token
+ * by token. Between tokens it returns to its event loop, which is how a `cancel` message gets in,
+ * and how a WebGPU step's result comes back.
  */
 import { openModelFile, type OpenedFile } from "./cache.js";
 import { chooseBackend, detectCapabilities } from "./capabilities.js";
@@ -27,6 +28,7 @@ import type { StepJson, WasmEngineHandle, WasmModule } from "./wasm-types.js";
 interface WorkerScope {
   postMessage(message: Reply): void;
   onmessage: ((event: MessageEvent<Request>) => void) | null;
+  addEventListener?(type: "error", listener: (event: ErrorEvent) => void): void;
 }
 const scope = globalThis as unknown as WorkerScope;
 
@@ -43,6 +45,31 @@ let broken: Error | null = null;
 let active: { id: number; cancelled: boolean } | null = null;
 
 const post = (reply: Reply) => scope.postMessage(reply);
+
+/** Rejects the wasm call in progress (see `untilTrapped`). */
+let rejectPending: ((e: unknown) => void) | null = null;
+
+/**
+ * The wasm module's async calls (`begin`, `step`, `finishGpu`) run in microtasks queued by
+ * wasm-bindgen-futures: a trap (a Rust panic, with panic=abort) there never rejects the call's
+ * Promise, it reaches the worker's "error" event instead. This hands it to the pending call.
+ */
+scope.addEventListener?.("error", (event) => {
+  if (event.error instanceof WebAssembly.RuntimeError && rejectPending) {
+    event.preventDefault();
+    rejectPending(event.error);
+  }
+});
+
+/** `call`'s result, or a rejection with the trap that ended it inside a microtask. */
+function untilTrapped<T>(call: Promise<T>): Promise<T> {
+  return new Promise<T>((resolve, reject) => {
+    rejectPending = reject;
+    call.then(resolve, reject);
+  }).finally(() => {
+    rejectPending = null;
+  });
+}
 
 scope.onmessage = (event) => {
   const request = event.data;
@@ -94,10 +121,6 @@ async function load(request: LoadRequest): Promise<void> {
   if (engine) throw new Error("this worker already has a model");
   const caps = await detectCapabilities({ webgpu: installedBuilds.webgpu });
   const decision = chooseBackend(request.backend, caps, installedBuilds, request.gpuNeeds);
-  if (decision.backend === "webgpu") {
-    // chooseBackend only picks it when a build has it (installedBuilds.webgpu), which none has yet.
-    throw leanError(ErrorName.BackendUnavailable, "the WebGPU backend is not wired into this worker yet");
-  }
   const loadBuild = wasmBuilds[decision.backend];
   if (!loadBuild) throw leanError(ErrorName.BackendUnavailable, `no ${decision.backend} build is installed`);
   wasm = await loadBuild();
@@ -125,8 +148,20 @@ async function load(request: LoadRequest): Promise<void> {
       )
     : null;
   const gguf = await open(model.gguf);
-  const loader = await streamIntoWasm(wasm, model.gguf, gguf, request.id);
-  engine = loader.finish(tokenizer, config, template, request.contextLength);
+  if (decision.backend === "webgpu") {
+    const module = wasm;
+    const loader = await streamInto(
+      (size) => untilTrapped(module.GpuModelLoader.open(size)),
+      model.gguf,
+      gguf,
+      request.id,
+    );
+    engine = await untilTrapped(loader.finish(tokenizer, config, template, request.contextLength));
+  } else {
+    const module = wasm;
+    const loader = await streamInto(async (size) => new module.ModelLoader(size), model.gguf, gguf, request.id);
+    engine = loader.finish(tokenizer, config, template, request.contextLength);
+  }
   post({
     type: "loaded",
     id: request.id,
@@ -170,12 +205,25 @@ async function readAll(role: ModelFileRole, file: WireFile, opened: OpenedFile, 
   return bytes;
 }
 
+/** What the GGUF streams into: wasm memory (ModelLoader) or GPU buffers (GpuModelLoader). */
+interface ChunkSink {
+  push(chunk: Uint8Array): void;
+  readonly received: number;
+  free(): void;
+}
+
 /**
- * Streams the GGUF into a ModelLoader that holds the only full copy. Without a known size (no
+ * Streams the GGUF into a loader made by `create(size)`: a ModelLoader then holds the only full
+ * copy; a GpuModelLoader passes each matrix on to the GPU. Without a known size (no
  * Content-Length) the chunks must be gathered first, which costs a second copy for a while.
  */
-async function streamIntoWasm(module: WasmModule, file: WireFile, opened: OpenedFile, id: number) {
-  const push = (loader: InstanceType<WasmModule["ModelLoader"]>, chunk: Uint8Array) => {
+async function streamInto<Loader extends ChunkSink>(
+  create: (size: number) => Promise<Loader>,
+  file: WireFile,
+  opened: OpenedFile,
+  id: number,
+): Promise<Loader> {
+  const push = (loader: Loader, chunk: Uint8Array) => {
     for (let at = 0; at < chunk.length; at += MAX_PUSH_BYTES) {
       loader.push(chunk.subarray(at, at + MAX_PUSH_BYTES));
     }
@@ -187,11 +235,11 @@ async function streamIntoWasm(module: WasmModule, file: WireFile, opened: Opened
       message: `${file.name}: the server sends no Content-Length, so the model is held twice while it loads`,
     });
     const bytes = await readAll("gguf", file, opened, id);
-    const loader = new module.ModelLoader(bytes.length);
+    const loader = await create(bytes.length);
     push(loader, bytes);
     return loader;
   }
-  const loader = new module.ModelLoader(opened.size);
+  const loader = await create(opened.size);
   const progress = progressReporter("gguf", file, opened, id);
   try {
     await opened.read((chunk) => push(loader, chunk), progress);
@@ -242,7 +290,7 @@ async function generate(id: number, prompt: WirePrompt, params: GenerateParams):
   active = state;
   try {
     const started = performance.now();
-    const { prompt_ids: promptIds } = JSON.parse(wasmEngine.begin(JSON.stringify(prompt), options)) as {
+    const { prompt_ids: promptIds } = JSON.parse(await untilTrapped(wasmEngine.begin(JSON.stringify(prompt), options))) as {
       prompt_ids: number[];
     };
     const prefillMs = performance.now() - started;
@@ -257,7 +305,7 @@ async function generate(id: number, prompt: WirePrompt, params: GenerateParams):
         if (done === null) throw new Error("the wasm engine lost the generation it was cancelling");
         break;
       }
-      const step = JSON.parse(wasmEngine.step()) as StepJson;
+      const step = JSON.parse(await untilTrapped(wasmEngine.step())) as StepJson;
       const now = performance.now();
       if (step.tokens.length > 0) {
         if (firstTokenAt === 0) firstTokenAt = now;

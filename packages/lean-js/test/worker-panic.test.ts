@@ -1,14 +1,31 @@
 // The worker's handling of a trapped WebAssembly module, with a fake wasm build whose engine
 // traps on demand: the trap becomes a LeanPanicError carrying the Rust panic message, and the
-// worker refuses everything after it.
+// worker refuses everything after it. The trap comes as it does from wasm-bindgen's async calls:
+// thrown inside a microtask, so it reaches the worker's "error" event while the call's Promise
+// never settles.
 import { beforeAll, describe, expect, it, vi } from "vitest";
 import type { Reply, Request } from "../src/protocol.js";
 import type { WasmModule } from "../src/wasm-types.js";
 
 let panicMessage: string | undefined;
-const trap = () => {
-  throw new WebAssembly.RuntimeError("unreachable");
+
+/** The worker's global "error" listener (a browser's worker scope dispatches it). */
+let onGlobalError: ((event: ErrorEvent) => void) | null = null;
+(globalThis as unknown as { addEventListener(type: string, l: (e: ErrorEvent) => void): void }).addEventListener = (
+  type,
+  listener,
+) => {
+  if (type === "error") onGlobalError = listener;
 };
+
+/** A step whose Promise never settles because the module traps inside a microtask. */
+const trap = () =>
+  new Promise<string>(() => {
+    queueMicrotask(() => {
+      const error = new WebAssembly.RuntimeError("unreachable");
+      onGlobalError?.({ error, preventDefault() {} } as ErrorEvent);
+    });
+  });
 
 const fakeEngine = {
   info: () =>
@@ -26,7 +43,7 @@ const fakeEngine = {
       eos_token_ids: [],
       has_chat_template: false,
     }),
-  begin: () => JSON.stringify({ prompt_ids: [1] }),
+  begin: async () => JSON.stringify({ prompt_ids: [1] }),
   step: trap,
   cancel: () => undefined,
   tokenize: () => new Uint32Array([1]),
@@ -44,6 +61,11 @@ const fakeModule: WasmModule = {
       return fakeEngine;
     }
     free() {}
+  },
+  GpuModelLoader: {
+    open: async () => {
+      throw new Error("no WebGPU in this test");
+    },
   },
   backend: () => "simd",
   takePanicMessage: () => {

@@ -101,13 +101,24 @@ impl GpuContext {
         &self.info
     }
 
-    /// One line for logs: adapter name, backend, driver.
+    /// One line for logs: adapter name, backend, driver (a browser reveals little of them).
     pub fn describe(&self) -> String {
         let i = &self.info;
-        format!(
-            "{} ({:?}, {:?}, driver {} {})",
-            i.name, i.backend, i.device_type, i.driver, i.driver_info
-        )
+        let name = if i.name.is_empty() {
+            "unnamed adapter"
+        } else {
+            &i.name
+        };
+        let driver = format!("{} {}", i.driver, i.driver_info);
+        let driver = driver.trim();
+        if driver.is_empty() {
+            format!("{name} ({:?}, {:?})", i.backend, i.device_type)
+        } else {
+            format!(
+                "{name} ({:?}, {:?}, driver {driver})",
+                i.backend, i.device_type
+            )
+        }
     }
 
     pub fn limits(&self) -> &wgpu::Limits {

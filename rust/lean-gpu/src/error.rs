@@ -22,6 +22,8 @@ pub enum GpuError {
     Readback(String),
     /// The device reported an error (out of memory, validation) or was lost.
     Device(String),
+    /// A model streamed into the device is malformed or incomplete.
+    Load(String),
 }
 
 impl std::fmt::Display for GpuError {
@@ -42,6 +44,7 @@ impl std::fmt::Display for GpuError {
             GpuError::Shader(why) => write!(f, "a GPU kernel failed to compile: {why}"),
             GpuError::Readback(why) => write!(f, "reading a GPU buffer back failed: {why}"),
             GpuError::Device(why) => write!(f, "the GPU device failed: {why}"),
+            GpuError::Load(why) => write!(f, "loading the model onto the GPU failed: {why}"),
         }
     }
 }

@@ -8,6 +8,7 @@ mod error;
 mod kernels;
 mod plan;
 mod session;
+mod stream;
 mod weights;
 
 pub use context::GpuContext;
@@ -18,5 +19,6 @@ pub use kernels::{
 };
 pub use plan::Plan;
 pub use session::{GpuModel, GpuSession};
+pub use stream::StreamedModel;
 pub use weights::{GpuMatrix, WeightPart};
 pub use wgpu;

@@ -12,6 +12,7 @@ use crate::plan::Plan;
 use crate::weights::GpuMatrix;
 use lean::config::{ModelConfig, RopeStyle};
 use lean::model::Matrix;
+use lean::session::LocalFuture;
 use lean::{LeanError, Logits, Model, Session};
 use std::sync::Arc;
 
@@ -97,10 +98,13 @@ pub struct GpuSession {
     decode_plan: Option<Plan>,
 }
 
-/// LEAN_GPU_TRACE=1 prints the time of each decode step's phases to stderr.
+/// LEAN_GPU_TRACE=1 prints the time of each decode step's phases to stderr (natively: a
+/// browser has neither the variable nor std's clock).
 fn trace() -> bool {
     static TRACE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *TRACE.get_or_init(|| std::env::var_os("LEAN_GPU_TRACE").is_some())
+    *TRACE.get_or_init(|| {
+        !cfg!(target_arch = "wasm32") && std::env::var_os("LEAN_GPU_TRACE").is_some()
+    })
 }
 
 fn to_lean(e: GpuError) -> LeanError {
@@ -108,26 +112,71 @@ fn to_lean(e: GpuError) -> LeanError {
 }
 
 impl GpuSession {
-    /// Uploads the model's weights and allocates a KV cache of `context_length` positions.
-    /// Fails with a clear error when a tensor type has no GPU kernel, a head is too large, or
-    /// the device runs out of memory.
+    /// Uploads the model's weights and allocates a KV cache of `context_length` positions,
+    /// blocking until the device has them (natively; a browser uses `load`).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn new(
         ctx: Arc<GpuContext>,
         kernels: Arc<Kernels>,
         model: &Model,
         context_length: usize,
     ) -> Result<Self> {
-        Self::with_binding_limit(ctx, kernels, model, context_length, None)
+        pollster::block_on(Self::load(ctx, kernels, model, context_length, None))
     }
 
     /// As `new`, splitting every weight matrix into parts of at most `max_part_bytes` (tests
     /// force a small limit so that the split path runs on small models).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn with_binding_limit(
         ctx: Arc<GpuContext>,
         kernels: Arc<Kernels>,
         model: &Model,
         context_length: usize,
         max_part_bytes: Option<u64>,
+    ) -> Result<Self> {
+        pollster::block_on(Self::load(
+            ctx,
+            kernels,
+            model,
+            context_length,
+            max_part_bytes,
+        ))
+    }
+
+    /// Uploads the model's weights (matrices split into parts of at most `max_part_bytes`, by
+    /// default the device's binding limit) and allocates a KV cache of `context_length`
+    /// positions. Fails with a clear error when a tensor type has no GPU kernel, a head is too
+    /// large, or the device runs out of memory.
+    pub async fn load(
+        ctx: Arc<GpuContext>,
+        kernels: Arc<Kernels>,
+        model: &Model,
+        context_length: usize,
+        max_part_bytes: Option<u64>,
+    ) -> Result<Self> {
+        let limit = max_part_bytes.unwrap_or_else(|| ctx.max_binding_bytes());
+        let device = ctx.clone();
+        Self::load_with(ctx, kernels, model, context_length, |m: &Matrix| {
+            GpuMatrix::upload_split(&device, m.ty, m.rows, m.cols, model.data(m), limit).map_err(
+                |e| match e {
+                    GpuError::UnsupportedType(_) | GpuError::TooLarge(_) => {
+                        GpuError::Shape(format!("tensor '{}': {e}", m.name))
+                    }
+                    other => other,
+                },
+            )
+        })
+        .await
+    }
+
+    /// As `load`, with each weight matrix from `matrix` (already on the device when the model
+    /// streamed into it: `StreamedModel`).
+    pub async fn load_with(
+        ctx: Arc<GpuContext>,
+        kernels: Arc<Kernels>,
+        model: &Model,
+        context_length: usize,
+        mut matrix: impl FnMut(&Matrix) -> Result<GpuMatrix>,
     ) -> Result<Self> {
         let c = model.config.clone();
         if c.head_dim > crate::kernels::MAX_HEAD_DIM {
@@ -141,17 +190,6 @@ impl GpuSession {
             return Err(GpuError::Shape("a context of no positions".into()));
         }
         let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let limit = max_part_bytes.unwrap_or_else(|| ctx.max_binding_bytes());
-        let matrix = |m: &Matrix| -> Result<GpuMatrix> {
-            GpuMatrix::upload_split(&ctx, m.ty, m.rows, m.cols, model.data(m), limit).map_err(|e| {
-                match e {
-                    GpuError::UnsupportedType(_) | GpuError::TooLarge(_) => {
-                        GpuError::Shape(format!("tensor '{}': {e}", m.name))
-                    }
-                    other => other,
-                }
-            })
-        };
         let w = &model.weights;
         for m in std::iter::once(&w.token_embd)
             .chain(std::iter::once(&w.output))
@@ -228,7 +266,7 @@ impl GpuSession {
             logits_all: None,
             argmax: ctx.storage_f32("argmax", 1),
         };
-        if let Some(e) = pollster::block_on(scope.pop()) {
+        if let Some(e) = scope.pop().await {
             return Err(GpuError::Device(format!(
                 "out of memory loading the model: {e}"
             )));
@@ -435,13 +473,30 @@ impl GpuSession {
         Ok(())
     }
 
-    /// Waits for the submitted work and resolves a readback (native: blocks this thread).
+    /// Waits for the submitted work and resolves a readback, blocking this thread (natively).
+    #[cfg(not(target_arch = "wasm32"))]
     fn wait<T>(&self, future: impl std::future::Future<Output = Result<T>>) -> Result<T> {
         self.ctx
             .device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| GpuError::Device(e.to_string()))?;
         let value = pollster::block_on(future)?;
+        self.ctx.take_error()?;
+        Ok(value)
+    }
+
+    /// A browser cannot block: its readbacks complete on the event loop, so the synchronous
+    /// entry points refuse and name the asynchronous ones.
+    #[cfg(target_arch = "wasm32")]
+    fn wait<T>(&self, _future: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        Err(GpuError::Readback(
+            "WebGPU results arrive asynchronously: use Engine::begin_async / step_async".into(),
+        ))
+    }
+
+    /// Awaits a readback of the submitted work (never blocks).
+    async fn settle<T>(&self, future: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        let value = future.await?;
         self.ctx.take_error()?;
         Ok(value)
     }
@@ -539,5 +594,29 @@ impl Session for GpuSession {
             .wait(self.ctx.read_u32(&self.act.argmax, 1))
             .map_err(to_lean)?;
         Ok(id[0])
+    }
+
+    fn forward_last_async<'a>(
+        &'a mut self,
+        _model: &'a Model,
+        tokens: &'a [u32],
+        argmax_only: bool,
+        logits: &'a mut [f32],
+    ) -> LocalFuture<'a, lean::Result<u32>> {
+        Box::pin(async move {
+            self.check(tokens)?;
+            let last = self.run_prefix(tokens).map_err(to_lean)?;
+            self.run_chunk(last, Output::Last).map_err(to_lean)?;
+            if argmax_only {
+                let id = self.settle(self.ctx.read_u32(&self.act.argmax, 1)).await;
+                return Ok(id.map_err(to_lean)?[0]);
+            }
+            let vocab = self.model.config.vocab_size;
+            let row = self
+                .settle(self.ctx.read_f32(&self.act.logits, vocab))
+                .await;
+            logits.copy_from_slice(&row.map_err(to_lean)?);
+            Ok(0)
+        })
     }
 }

@@ -9,8 +9,8 @@ mod common;
 #[path = "../../lean/tests/parity_check/mod.rs"]
 mod parity_check;
 
-use lean::{Engine, Session};
-use lean_gpu::{GpuContext, GpuSession, Kernels};
+use lean::{Engine, GenerateOptions, Prompt, SamplingParams, Session, Tokenizer};
+use lean_gpu::{GpuContext, GpuSession, Kernels, StreamedModel};
 use std::sync::{Arc, OnceLock};
 
 fn gpu() -> Option<(Arc<GpuContext>, Arc<Kernels>)> {
@@ -109,4 +109,126 @@ fn qwen25_coder_q4_0() {
         8,
         None,
     );
+}
+
+/// The browser's path: `begin_async` / `step_async`, whose readbacks are awaited instead of
+/// blocked on, give the fixture's ids, reading back only the argmax (greedy) and the whole
+/// logits row (top-k 1 sampling: the same tokens through the sampler).
+#[test]
+fn async_steps_equal_the_fixture() {
+    let file = "smollm2-135m-instruct-q4_0.gguf";
+    let Some((ctx, kernels)) = gpu() else { return };
+    let Some((model, tokenizer)) = parity_check::load(file) else {
+        return;
+    };
+    let mut engine = Engine::with_backend(model, tokenizer, 256, |model, context| {
+        let session = GpuSession::new(ctx, kernels, model, context)
+            .map_err(|e| lean::LeanError::Backend(e.to_string()))?;
+        Ok(Box::new(session) as Box<dyn Session>)
+    })
+    .expect("engine");
+    let fixture = parity_check::fixture_for(file);
+    let (prompt, greedy) = fixture.ids("raw_code");
+    let top_1 = SamplingParams {
+        temperature: 1.0,
+        top_k: 1,
+        ..SamplingParams::default()
+    };
+    for (readback, sampling) in [("argmax", SamplingParams::default()), ("logits", top_1)] {
+        let ids = generate_async(&mut engine, prompt, 6, sampling);
+        assert_eq!(ids, greedy[..6], "{readback} readback");
+    }
+}
+
+/// `max_tokens` ids generated from `prompt` through `begin_async` / `step_async`.
+fn generate_async(
+    engine: &mut Engine,
+    prompt: &[u32],
+    max_tokens: usize,
+    sampling: SamplingParams,
+) -> Vec<u32> {
+    let options = GenerateOptions {
+        max_tokens,
+        sampling,
+        stop_token_ids: Some(Vec::new()),
+    };
+    pollster::block_on(async {
+        let prompt = Prompt::Ids(prompt.to_vec());
+        let mut active = engine.begin_async(&prompt, &options).await.expect("begin");
+        while engine
+            .step_async(&mut active)
+            .await
+            .expect("step")
+            .finished
+            .is_none()
+        {}
+        engine.finish(active).expect("finish").generation.token_ids
+    })
+}
+
+/// A model streamed into the GPU in chunks of any size (a browser's download: the host never
+/// holds the file, each matrix goes to the device once complete) is token-exact; the CPU
+/// backend refuses such a model with an error instead of reading weights that are not there.
+#[test]
+fn streamed_model_equals_the_fixture() {
+    let file = "smollm2-135m-instruct-q4_0.gguf";
+    let Some((ctx, kernels)) = gpu() else { return };
+    let Some(models) = common::models_dir() else {
+        return;
+    };
+    let bytes = std::fs::read(models.join(file)).expect("model file");
+    // 8 MiB parts: split matrices too. Chunks of 65537 bytes split the header, the padding and
+    // the tensors at odd places.
+    let mut stream = StreamedModel::new(ctx, bytes.len(), Some(8 << 20));
+    for chunk in bytes.chunks(65_537) {
+        stream.push(chunk).expect("push");
+    }
+    let (model, session) =
+        pollster::block_on(stream.into_session(kernels, 256)).expect("streamed session");
+    assert!(!model.has_weight_data());
+    let tokenizer = Tokenizer::from_path(&common::tokenizer_dir_for(&models, file)).unwrap();
+    let mut cpu = lean::cpu::CpuSession::new(&model, 16);
+    let refused = Session::forward_argmax(&mut cpu, &model, &[1]).unwrap_err();
+    assert!(
+        refused.to_string().contains("streamed to a GPU"),
+        "{refused}"
+    );
+    let mut engine = Engine::with_backend(model, tokenizer, 256, move |_, _| {
+        Ok(Box::new(session) as Box<dyn Session>)
+    })
+    .expect("engine");
+    let fixture = parity_check::fixture_for(file);
+    let (prompt, greedy) = fixture.ids("raw_code");
+    let ids = generate_async(&mut engine, prompt, 6, SamplingParams::default());
+    assert_eq!(ids, greedy[..6]);
+}
+
+/// Streaming errors name the problem: too many bytes, a truncated file, a corrupt header.
+#[test]
+fn streamed_model_errors() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let Some(models) = common::models_dir() else {
+        return;
+    };
+    let bytes = std::fs::read(models.join("smollm2-135m-instruct-q4_0.gguf")).expect("model");
+    let mut long = StreamedModel::new(ctx.clone(), 1000, None);
+    let err = long.push(&bytes[..1001]).unwrap_err().to_string();
+    assert!(
+        err.contains("longer than the announced 1000 bytes"),
+        "{err}"
+    );
+
+    let mut short = StreamedModel::new(ctx.clone(), bytes.len(), None);
+    short.push(&bytes[..bytes.len() / 2]).expect("first half");
+    let err = pollster::block_on(short.into_session(kernels.clone(), 64))
+        .err()
+        .expect("an interrupted download fails")
+        .to_string();
+    assert!(err.contains("ended after"), "{err}");
+
+    let mut corrupt = bytes[..4096].to_vec();
+    corrupt[..4].copy_from_slice(b"GGUX");
+    let mut bad = StreamedModel::new(ctx, bytes.len(), None);
+    let err = bad.push(&corrupt).unwrap_err().to_string();
+    assert!(err.contains("invalid GGUF file"), "{err}");
 }

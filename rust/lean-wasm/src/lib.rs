@@ -1,12 +1,16 @@
 //! WebAssembly bindings of lean: a [`WasmEngine`] built from a GGUF (streamed into wasm memory
 //! chunk by chunk through a [`ModelLoader`]) and the tokenizer files.
 //!
+//! Two backends: the CPU ([`ModelLoader`]: simd128 kernels, on rayon's Web Worker pool in the
+//! `threads` build) and the GPU through WebGPU ([`GpuModelLoader`]: lean-gpu's kernels on wgpu).
+//!
 //! Generation is resumable: [`WasmEngine::begin`] runs the prompt, then each
-//! [`WasmEngine::step`] produces one token. The Web Worker that drives it returns to its event
-//! loop between tokens and so sees an abort message within one token. One synchronous call for
-//! the whole generation could only be interrupted through shared memory, which a page without
-//! COOP/COEP headers does not have (and a WebGPU session has to yield to the event loop to read
-//! results back anyway). [`WasmEngine::generate`] runs the same steps in one call, for Node.
+//! [`WasmEngine::step`] produces one token; both return Promises. The Web Worker that drives it
+//! returns to its event loop between tokens and so sees an abort message within one token. One
+//! synchronous call for the whole generation could only be interrupted through shared memory,
+//! which a page without COOP/COEP headers does not have, and a WebGPU session must yield to the
+//! event loop anyway: its results come back through it. [`WasmEngine::generate`] runs the same
+//! steps in one synchronous call (CPU only), for Node.
 //!
 //! Prompts, options and results cross the boundary as JSON strings: one small, explicit format
 //! that the JS wrapper and the tests share, instead of a JS object mapping per field.
@@ -16,8 +20,10 @@ use lean::{
     ChatMessage, Engine, GenerateOptions, Generation, LeanError, Model, ModelBytes, Prompt,
     SamplingParams, Session, TokenEvent, Tokenizer,
 };
+use lean_gpu::{GpuContext, Kernels, StreamedModel};
 use serde::{Deserialize, Serialize};
-use std::sync::Mutex;
+use std::cell::{RefCell, RefMut};
+use std::sync::{Arc, Mutex};
 use wasm_bindgen::prelude::*;
 
 #[cfg(feature = "threads")]
@@ -94,21 +100,17 @@ impl ModelLoader {
     /// memory cannot hold it.
     #[wasm_bindgen(constructor)]
     pub fn new(total_bytes: f64) -> Result<ModelLoader, JsError> {
-        if !(total_bytes.is_finite() && total_bytes >= 0.0 && total_bytes.fract() == 0.0) {
-            return Err(js_error(format!(
-                "the model size must be a whole number of bytes, got {total_bytes}"
-            )));
-        }
+        let total = file_size(total_bytes)?;
         // One Rust allocation is at most isize::MAX bytes: 2 GiB on wasm32.
-        if total_bytes > isize::MAX as f64 {
+        if total > isize::MAX as usize {
             return Err(js_error(format!(
                 "the model file is {} but WebAssembly (wasm32) can hold at most {} in one \
-                 buffer: choose a smaller model",
-                mib(total_bytes as usize),
+                 buffer: choose a smaller model (or the WebGPU backend, which streams it to \
+                 the GPU)",
+                mib(total),
                 mib(isize::MAX as usize)
             )));
         }
-        let total = total_bytes as usize;
         Ok(ModelLoader {
             bytes: reserve(total, "the model file")?,
             total,
@@ -144,6 +146,19 @@ impl ModelLoader {
         chat_template: Option<String>,
         context_length: u32,
     ) -> Result<WasmEngine, JsError> {
+        WasmEngine::new(
+            self.complete()?,
+            tokenizer_json,
+            tokenizer_config,
+            chat_template,
+            context_length,
+        )
+    }
+}
+
+impl ModelLoader {
+    /// The file's bytes, once every one arrived.
+    fn complete(self) -> Result<Vec<u8>, JsError> {
         if self.bytes.len() != self.total {
             return Err(js_error(format!(
                 "the model data ended after {} of {} bytes (an interrupted download?)",
@@ -151,14 +166,113 @@ impl ModelLoader {
                 self.total
             )));
         }
-        WasmEngine::new(
-            self.bytes,
-            tokenizer_json,
-            tokenizer_config,
-            chat_template,
-            context_length,
-        )
+        Ok(self.bytes)
     }
+}
+
+/// A file size from JS: a whole number of bytes that wasm32 can count.
+fn file_size(total_bytes: f64) -> Result<usize, JsError> {
+    if !(total_bytes.is_finite() && total_bytes >= 0.0 && total_bytes.fract() == 0.0) {
+        return Err(js_error(format!(
+            "the model size must be a whole number of bytes, got {total_bytes}"
+        )));
+    }
+    if total_bytes > usize::MAX as f64 {
+        return Err(js_error(format!(
+            "the model file is {total_bytes} bytes: more than WebAssembly (wasm32) can address"
+        )));
+    }
+    Ok(total_bytes as usize)
+}
+
+/// The GPU backend's loader: the GGUF streams chunk by chunk straight into WebGPU buffers (each
+/// weight matrix is uploaded as soon as its last byte arrives), so wasm memory never holds the
+/// file: only its header, the norms and biases, and the one matrix being received.
+#[wasm_bindgen]
+pub struct GpuModelLoader {
+    stream: StreamedModel,
+    kernels: Arc<Kernels>,
+}
+
+fn gpu_error(e: lean_gpu::GpuError) -> JsError {
+    js_error(LeanError::Backend(format!("WebGPU: {e}")))
+}
+
+#[wasm_bindgen]
+impl GpuModelLoader {
+    /// Opens a WebGPU device (the browser's high-performance adapter, with its own limits) and
+    /// compiles the kernels, ready for a GGUF of `total_bytes`. Rejects with a readable error
+    /// when there is no adapter or a kernel does not compile.
+    pub async fn open(total_bytes: f64) -> Result<GpuModelLoader, JsError> {
+        let total = file_size(total_bytes)?;
+        let device = Arc::new(GpuContext::new().await.map_err(gpu_error)?);
+        let kernels = Arc::new(Kernels::new(&device).await.map_err(gpu_error)?);
+        Ok(GpuModelLoader {
+            stream: StreamedModel::new(device, total, None),
+            kernels,
+        })
+    }
+
+    /// Appends the next chunk of the file (uploading the matrices it completes).
+    pub fn push(&mut self, chunk: &[u8]) -> Result<(), JsError> {
+        self.stream.push(chunk).map_err(gpu_error)
+    }
+
+    /// Bytes received so far.
+    #[wasm_bindgen(getter)]
+    pub fn received(&self) -> f64 {
+        self.stream.received() as f64
+    }
+
+    /// Builds the engine once every byte arrived (arguments as for `ModelLoader.finish`):
+    /// resolves to a WasmEngine on the GPU. Consumes the loader, also when it fails.
+    pub async fn finish(
+        self,
+        tokenizer_json: Vec<u8>,
+        tokenizer_config: Option<Vec<u8>>,
+        chat_template: Option<String>,
+        context_length: u32,
+    ) -> Result<WasmEngine, JsError> {
+        let tokenizer = tokenizer(&tokenizer_json, tokenizer_config, chat_template)?;
+        let (model, session) = self
+            .stream
+            .into_session(self.kernels, context_length as usize)
+            .await
+            .map_err(gpu_error)?;
+        let ctx = session.context_length();
+        let engine = Engine::with_backend(model, tokenizer, ctx, move |_, _| {
+            Ok(Box::new(session) as Box<dyn Session>)
+        })
+        .map_err(js_error)?;
+        Ok(WasmEngine::from(engine))
+    }
+}
+
+/// Parses the model and the tokenizer, checks that they belong together, and caps the context.
+fn load(
+    gguf: Vec<u8>,
+    tokenizer_json: &[u8],
+    tokenizer_config: Option<Vec<u8>>,
+    chat_template: Option<String>,
+    context_length: u32,
+) -> Result<(Model, Tokenizer, usize), JsError> {
+    let model = Model::load(ModelBytes::Owned(gguf)).map_err(js_error)?;
+    let tokenizer = tokenizer(tokenizer_json, tokenizer_config, chat_template)?;
+    let ctx = Engine::capped_context(&model, context_length as usize).map_err(js_error)?;
+    Ok((model, tokenizer, ctx))
+}
+
+fn tokenizer(
+    tokenizer_json: &[u8],
+    tokenizer_config: Option<Vec<u8>>,
+    chat_template: Option<String>,
+) -> Result<Tokenizer, JsError> {
+    Tokenizer::from_bytes(
+        tokenizer_json,
+        tokenizer_config.as_deref(),
+        chat_template.as_deref(),
+    )
+    .map_err(|e| js_error(LeanError::Tokenizer(e)))
 }
 
 /// `{"messages": [{"role", "content"}, ...]}`, `{"raw": "text"}` or `{"ids": [1, 2, 3]}`.
@@ -293,17 +407,34 @@ struct InfoJson {
 
 #[wasm_bindgen]
 pub struct WasmEngine {
+    /// Borrowed by every call, and across the awaits of `begin` and `step`: a call made while a
+    /// step is still running gets a "busy" error instead of a torn state.
+    state: RefCell<EngineState>,
+}
+
+struct EngineState {
     engine: Engine,
     /// The generation between `begin` and its end, resumed by each `step`.
     active: Option<ActiveGeneration>,
 }
 
+impl From<Engine> for WasmEngine {
+    fn from(engine: Engine) -> WasmEngine {
+        WasmEngine {
+            state: RefCell::new(EngineState {
+                engine,
+                active: None,
+            }),
+        }
+    }
+}
+
 #[wasm_bindgen]
 impl WasmEngine {
-    /// Loads the model (the GGUF bytes are moved into wasm memory once and used in place) and
-    /// checks that the tokenizer belongs to it. `tokenizer_config` is tokenizer_config.json,
-    /// `chat_template` the text of chat_template.jinja (when the config has none);
-    /// `context_length` is capped at the model's.
+    /// Loads the model on the CPU (the GGUF bytes are moved into wasm memory once and used in
+    /// place) and checks that the tokenizer belongs to it. `tokenizer_config` is
+    /// tokenizer_config.json, `chat_template` the text of chat_template.jinja (when the config
+    /// has none); `context_length` is capped at the model's.
     #[wasm_bindgen(constructor)]
     pub fn new(
         gguf: Vec<u8>,
@@ -312,14 +443,13 @@ impl WasmEngine {
         chat_template: Option<String>,
         context_length: u32,
     ) -> Result<WasmEngine, JsError> {
-        let model = Model::load(ModelBytes::Owned(gguf)).map_err(js_error)?;
-        let tokenizer = Tokenizer::from_bytes(
+        let (model, tokenizer, ctx) = load(
+            gguf,
             tokenizer_json,
-            tokenizer_config.as_deref(),
-            chat_template.as_deref(),
-        )
-        .map_err(|e| js_error(LeanError::Tokenizer(e)))?;
-        let ctx = Engine::capped_context(&model, context_length as usize).map_err(js_error)?;
+            tokenizer_config,
+            chat_template,
+            context_length,
+        )?;
         let c = &model.config;
         let kv_bytes = 2 * c.n_layers * c.n_kv_heads * c.head_dim * ctx * size_of::<f32>();
         // Freed at once; the allocator hands the grown memory to the KV cache right after.
@@ -328,27 +458,25 @@ impl WasmEngine {
             Ok(Box::new(CpuSession::new(model, ctx)) as Box<dyn Session>)
         })
         .map_err(js_error)?;
-        Ok(WasmEngine {
-            engine,
-            active: None,
-        })
+        Ok(WasmEngine::from(engine))
     }
 
     /// The model and engine as JSON: `{architecture, description, backend, context_length,
     /// train_context_length, vocab_size, file_bytes, kv_cache_bytes, bos_token, eos_token,
     /// eos_token_ids, has_chat_template}`.
     pub fn info(&self) -> Result<String, JsError> {
-        let (model, tokenizer) = (&self.engine.model, &self.engine.tokenizer);
+        let state = self.state()?;
+        let (model, tokenizer) = (&state.engine.model, &state.engine.tokenizer);
         let c = &model.config;
         let info = InfoJson {
             architecture: c.arch.name(),
             description: model.describe(),
-            backend: self.engine.backend(),
-            context_length: self.engine.context_length(),
+            backend: state.engine.backend(),
+            context_length: state.engine.context_length(),
             train_context_length: c.train_context_length,
             vocab_size: c.vocab_size,
             file_bytes: model.file_size(),
-            kv_cache_bytes: self.engine.kv_cache_bytes(),
+            kv_cache_bytes: state.engine.kv_cache_bytes(),
             bos_token: tokenizer.bos_token().map(str::to_owned),
             eos_token: tokenizer.eos_token().map(str::to_owned),
             eos_token_ids: tokenizer.eos_token_ids(),
@@ -361,34 +489,50 @@ impl WasmEngine {
     /// rendered with the chat template, `{"raw": text}`, or `{"ids": [...]}`) and runs the prompt
     /// through the model. `options_json` fields are all optional: `max_tokens` (256),
     /// `temperature` (0 = greedy), `top_k`, `top_p`, `min_p`, `repetition_penalty`, `seed`,
-    /// `stop_token_ids` (default: the tokenizer's end-of-sequence ids). Returns
+    /// `stop_token_ids` (default: the tokenizer's end-of-sequence ids). Resolves to
     /// `{"prompt_ids": [...]}`. A generation still in progress is abandoned.
-    pub fn begin(&mut self, prompt_json: &str, options_json: &str) -> Result<String, JsError> {
-        self.active = None;
-        let (prompt, options) = self.request(prompt_json, options_json)?;
-        let active = self.engine.begin(&prompt, &options).map_err(js_error)?;
+    pub async fn begin(
+        &self,
+        prompt_json: String,
+        options_json: String,
+    ) -> Result<String, JsError> {
+        let mut state = self.state()?;
+        let state = &mut *state;
+        state.active = None;
+        let (prompt, options) = request(&mut state.engine, &prompt_json, &options_json)?;
+        let active = state
+            .engine
+            .begin_async(&prompt, &options)
+            .await
+            .map_err(js_error)?;
         let begun = serde_json::json!({ "prompt_ids": active.prompt_ids() });
-        self.active = Some(active);
+        state.active = Some(active);
         serde_json::to_string(&begun).map_err(js_error)
     }
 
-    /// Produces the next token of the generation `begin` started, as JSON
+    /// Produces the next token of the generation `begin` started; resolves to JSON
     /// `{"tokens": [{"id", "text"}, ...], "done": null | {prompt_ids, token_ids, text,
     /// finish_reason}}`; finish_reason is "stop" (a stop id was generated: it is in token_ids but
     /// not in tokens), "length" or "context_full". After `done`, call `begin` again.
-    pub fn step(&mut self) -> Result<String, JsError> {
-        let Some(mut active) = self.active.take() else {
+    pub async fn step(&self) -> Result<String, JsError> {
+        let mut state = self.state()?;
+        let state = &mut *state;
+        let Some(mut active) = state.active.take() else {
             return Err(js_error(LeanError::InvalidArgument(
                 "no generation in progress: call begin first".into(),
             )));
         };
         // A failed step drops the generation: it cannot continue (see `Engine::step`).
-        let Step { token, finished } = self.engine.step(&mut active).map_err(js_error)?;
+        let Step { token, finished } = state
+            .engine
+            .step_async(&mut active)
+            .await
+            .map_err(js_error)?;
         let mut tokens: Vec<TokenJson> = token.into_iter().map(TokenJson::from).collect();
         let done = match finished {
-            Some(_) => Some(self.end(active, &mut tokens)?),
+            Some(_) => Some(end(&state.engine, active, &mut tokens)?),
             None => {
-                self.active = Some(active);
+                state.active = Some(active);
                 None
             }
         };
@@ -397,32 +541,36 @@ impl WasmEngine {
 
     /// Ends the generation in progress as "cancelled", in the same JSON as `step`; `undefined`
     /// when none is in progress.
-    pub fn cancel(&mut self) -> Result<Option<String>, JsError> {
-        let Some(active) = self.active.take() else {
+    pub fn cancel(&self) -> Result<Option<String>, JsError> {
+        let mut state = self.state()?;
+        let Some(active) = state.active.take() else {
             return Ok(None);
         };
         let mut tokens = Vec::new();
-        let done = Some(self.end(active, &mut tokens)?);
+        let done = Some(end(&state.engine, active, &mut tokens)?);
         serde_json::to_string(&StepJson { tokens, done })
             .map(Some)
             .map_err(js_error)
     }
 
-    /// Runs a whole generation in one call (lean's `Engine::generate`: the same tokens as
-    /// `begin` + `step`), calling `on_token(text, tokenId)` for each token; a callback returning
-    /// `false` cancels, and one that throws cancels and the exception is rethrown. Returns the
-    /// `done` JSON of `step` (finish_reason may also be "cancelled"). A generation still in
-    /// progress is abandoned.
+    /// Runs a whole generation in one synchronous call on the CPU (lean's `Engine::generate`:
+    /// the same tokens as `begin` + `step`), calling `on_token(text, tokenId)` for each token; a
+    /// callback returning `false` cancels, and one that throws cancels and the exception is
+    /// rethrown. Returns the `done` JSON of `step` (finish_reason may also be "cancelled"). A
+    /// generation still in progress is abandoned. A GPU engine refuses: WebGPU results only
+    /// arrive through the event loop, so use `begin` and `step`.
     pub fn generate(
-        &mut self,
+        &self,
         prompt_json: &str,
         options_json: &str,
         on_token: &js_sys::Function,
     ) -> Result<String, JsValue> {
-        self.active = None;
-        let (prompt, options) = self.request(prompt_json, options_json)?;
+        let mut state = self.state()?;
+        let state = &mut *state;
+        state.active = None;
+        let (prompt, options) = request(&mut state.engine, prompt_json, options_json)?;
         let mut thrown = None;
-        let generation = self
+        let generation = state
             .engine
             .generate(&prompt, &options, |token| {
                 // After a throw the callback is not called again (not even for held-back text).
@@ -449,53 +597,64 @@ impl WasmEngine {
     /// The ids of `text` as a raw prompt (`{"raw": text}`) would be tokenized, special tokens
     /// (e.g. a BOS) included.
     pub fn tokenize(&self, text: &str) -> Result<Vec<u32>, JsError> {
-        self.engine
+        self.state()?
+            .engine
             .encode(&Prompt::Raw(text.to_owned()))
             .map_err(js_error)
     }
 
     /// The context window actually allocated (the requested one capped at the model's).
     #[wasm_bindgen(js_name = contextLength)]
-    pub fn context_length(&self) -> u32 {
-        self.engine.context_length() as u32
+    pub fn context_length(&self) -> Result<u32, JsError> {
+        Ok(self.state()?.engine.context_length() as u32)
     }
 }
 
 impl WasmEngine {
-    /// Parses a prompt and options (see `begin`) and sets the template's clock.
-    fn request(
-        &mut self,
-        prompt_json: &str,
-        options_json: &str,
-    ) -> Result<(Prompt, GenerateOptions), JsError> {
-        let prompt: PromptJson = serde_json::from_str(prompt_json)
-            .map_err(|e| js_error(format!("invalid prompt JSON: {e}")))?;
-        let options: OptionsJson = serde_json::from_str(options_json)
-            .map_err(|e| js_error(format!("invalid options JSON: {e}")))?;
-        // Templates that print the date read it from here: wasm32 has no clock in std.
-        self.engine
-            .tokenizer
-            .set_template_time(Some((js_sys::Date::now() / 1000.0) as i64));
-        Ok((prompt.into(), options.into()))
-    }
-
-    /// Ends `active`: appends the text held back to the end to `tokens` (as a last token, with
-    /// the last id) and returns the result.
-    fn end(
-        &self,
-        active: ActiveGeneration,
-        tokens: &mut Vec<TokenJson>,
-    ) -> Result<GenerationJson, JsError> {
-        let Ended {
-            held_back,
-            generation,
-        } = self.engine.finish(active).map_err(js_error)?;
-        tokens.extend(held_back.map(TokenJson::from));
-        Ok(generation.into())
+    fn state(&self) -> Result<RefMut<'_, EngineState>, JsError> {
+        self.state.try_borrow_mut().map_err(|_| {
+            js_error(
+                "the engine is busy: a begin or step is still running (await it before the \
+                 next call)",
+            )
+        })
     }
 }
 
-/// Which compute backend this build runs: "simd" (the single-thread simd128 CPU kernels) or
+/// Parses a prompt and options (see `begin`) and sets the template's clock.
+fn request(
+    engine: &mut Engine,
+    prompt_json: &str,
+    options_json: &str,
+) -> Result<(Prompt, GenerateOptions), JsError> {
+    let prompt: PromptJson = serde_json::from_str(prompt_json)
+        .map_err(|e| js_error(format!("invalid prompt JSON: {e}")))?;
+    let options: OptionsJson = serde_json::from_str(options_json)
+        .map_err(|e| js_error(format!("invalid options JSON: {e}")))?;
+    // Templates that print the date read it from here: wasm32 has no clock in std.
+    engine
+        .tokenizer
+        .set_template_time(Some((js_sys::Date::now() / 1000.0) as i64));
+    Ok((prompt.into(), options.into()))
+}
+
+/// Ends `active`: appends the text held back to the end to `tokens` (as a last token, with the
+/// last id) and returns the result.
+fn end(
+    engine: &Engine,
+    active: ActiveGeneration,
+    tokens: &mut Vec<TokenJson>,
+) -> Result<GenerationJson, JsError> {
+    let Ended {
+        held_back,
+        generation,
+    } = engine.finish(active).map_err(js_error)?;
+    tokens.extend(held_back.map(TokenJson::from));
+    Ok(generation.into())
+}
+
+/// Which CPU backend this build runs (any build also has the GPU one, `GpuModelLoader`):
+/// "simd" (the single-thread simd128 CPU kernels) or
 /// "threads" (feature `threads`: the same kernels on rayon's Web Worker pool, see threads.rs). A
 /// free function so that a loader can ask before fetching a model.
 #[wasm_bindgen]

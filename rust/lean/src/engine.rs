@@ -235,6 +235,42 @@ impl Engine {
         prompt: &Prompt,
         options: &GenerateOptions,
     ) -> Result<ActiveGeneration> {
+        let mut active = self.prepare(prompt, options)?;
+        let t0 = now();
+        active.next_argmax = self.session.forward_last(
+            &self.model,
+            &active.ids,
+            active.argmax_only,
+            &mut active.logits,
+        )?;
+        active.timings.prefill_seconds = since(t0);
+        Ok(active)
+    }
+
+    /// `begin` for sessions that return results asynchronously (WebGPU in a browser); the same
+    /// generation, awaiting the forward pass instead of blocking on it.
+    pub async fn begin_async(
+        &mut self,
+        prompt: &Prompt,
+        options: &GenerateOptions,
+    ) -> Result<ActiveGeneration> {
+        let mut active = self.prepare(prompt, options)?;
+        let t0 = now();
+        active.next_argmax = self
+            .session
+            .forward_last_async(
+                &self.model,
+                &active.ids,
+                active.argmax_only,
+                &mut active.logits,
+            )
+            .await?;
+        active.timings.prefill_seconds = since(t0);
+        Ok(active)
+    }
+
+    /// `begin` up to the prompt's forward pass: encodes and checks the prompt, makes the sampler.
+    fn prepare(&mut self, prompt: &Prompt, options: &GenerateOptions) -> Result<ActiveGeneration> {
         // Whatever happens below, the previous generation's cache is about to be overwritten.
         self.session_owner = new_session_owner();
         let prompt_ids = self.encode(prompt)?;
@@ -253,7 +289,8 @@ impl Engine {
         // per token instead of the logits.
         let argmax_only =
             sampler.params().is_greedy() && sampler.params().repetition_penalty == 1.0;
-        let mut active = ActiveGeneration {
+        self.session.truncate(0);
+        Ok(ActiveGeneration {
             session_owner: self.session_owner,
             prompt_len: prompt_ids.len(),
             ids: prompt_ids,
@@ -271,18 +308,7 @@ impl Engine {
             decoder: StreamDecoder::new(true),
             finish_reason: None,
             timings: Timings::default(),
-        };
-        self.session.truncate(0);
-        let t0 = now();
-        active.next_argmax = forward(
-            &mut *self.session,
-            &self.model,
-            &active.ids,
-            argmax_only,
-            &mut active.logits,
-        )?;
-        active.timings.prefill_seconds = since(t0);
-        Ok(active)
+        })
     }
 
     /// Produces the next token of `active`: runs the previous token through the model, samples,
@@ -290,6 +316,37 @@ impl Engine {
     /// call [`Engine::finish`]); a step after that, or after a failed step, or once a later
     /// `begin` took the session, is an error.
     pub fn step(&mut self, active: &mut ActiveGeneration) -> Result<Step> {
+        self.check_step(active)?;
+        let t0 = now();
+        let mut result = Ok(());
+        if let Some(id) = active.pending_forward.take() {
+            result = self
+                .session
+                .forward_last(&self.model, &[id], active.argmax_only, &mut active.logits)
+                .map(|next| active.next_argmax = next);
+        }
+        let step = result.and_then(|()| self.sample_next(active));
+        Self::settle(active, t0, step)
+    }
+
+    /// `step` for sessions that return results asynchronously (see `begin_async`).
+    pub async fn step_async(&mut self, active: &mut ActiveGeneration) -> Result<Step> {
+        self.check_step(active)?;
+        let t0 = now();
+        let mut result = Ok(());
+        if let Some(id) = active.pending_forward.take() {
+            let tokens = [id];
+            result = self
+                .session
+                .forward_last_async(&self.model, &tokens, active.argmax_only, &mut active.logits)
+                .await
+                .map(|next| active.next_argmax = next);
+        }
+        let step = result.and_then(|()| self.sample_next(active));
+        Self::settle(active, t0, step)
+    }
+
+    fn check_step(&self, active: &ActiveGeneration) -> Result<()> {
         if let Some(reason) = active.finish_reason {
             return Err(LeanError::InvalidArgument(format!(
                 "the generation is over ({}): call finish, then begin a new one",
@@ -303,27 +360,25 @@ impl Engine {
                     .into(),
             ));
         }
-        let t0 = now();
-        let step = self.advance(active);
+        Ok(())
+    }
+
+    /// Books a step's time; a failed step ends the generation (its cache and ids may disagree).
+    fn settle(
+        active: &mut ActiveGeneration,
+        t0: Option<std::time::Instant>,
+        step: Result<Step>,
+    ) -> Result<Step> {
         active.timings.decode_seconds += since(t0);
         if step.is_err() {
-            // Its cache and ids may disagree now.
             active.session_owner = NO_SESSION_OWNER;
         }
         step
     }
 
-    /// `step` without the checks: the loop body of the generation.
-    fn advance(&mut self, active: &mut ActiveGeneration) -> Result<Step> {
-        if let Some(id) = active.pending_forward.take() {
-            active.next_argmax = forward(
-                &mut *self.session,
-                &self.model,
-                &[id],
-                active.argmax_only,
-                &mut active.logits,
-            )?;
-        }
+    /// After the forward pass of a step: samples the next token, checks the stop conditions and
+    /// streams the token's text.
+    fn sample_next(&mut self, active: &mut ActiveGeneration) -> Result<Step> {
         if active.token_ids().len() >= active.max_tokens {
             return Ok(active.end(None, FinishReason::Length));
         }
@@ -463,22 +518,4 @@ const NO_SESSION_OWNER: u64 = 0;
 fn new_session_owner() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(NO_SESSION_OWNER + 1);
     NEXT.fetch_add(1, Ordering::Relaxed)
-}
-
-/// Runs `tokens`; returns the argmax (`argmax_only`) or fills `logits` with the last token's
-/// logits (and returns 0).
-fn forward(
-    session: &mut dyn Session,
-    model: &Model,
-    tokens: &[u32],
-    argmax_only: bool,
-    logits: &mut [f32],
-) -> Result<u32> {
-    if argmax_only {
-        return session.forward_argmax(model, tokens);
-    }
-    session.forward(model, tokens, Logits::Last, &mut |_, l| {
-        logits.copy_from_slice(l)
-    })?;
-    Ok(0)
 }

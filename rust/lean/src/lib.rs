@@ -23,6 +23,6 @@ pub use lean_gguf as gguf;
 pub use lean_quant as quant;
 pub use lean_tokenizer as tokenizer;
 pub use lean_tokenizer::{ChatMessage, Tokenizer};
-pub use model::{Model, ModelBytes};
+pub use model::{Model, ModelBytes, PartialBytes};
 pub use sampling::SamplingParams;
 pub use session::{Logits, Session};

@@ -5,6 +5,22 @@
 use crate::error::Result;
 use crate::model::Model;
 use crate::sampling::argmax;
+use std::future::Future;
+use std::pin::Pin;
+
+/// `Send` natively. In a browser a session may hold WebGPU objects, which are JS objects bound
+/// to their thread: there it asks nothing.
+#[cfg(not(target_arch = "wasm32"))]
+pub trait MaybeSend: Send {}
+#[cfg(not(target_arch = "wasm32"))]
+impl<T: Send + ?Sized> MaybeSend for T {}
+#[cfg(target_arch = "wasm32")]
+pub trait MaybeSend {}
+#[cfg(target_arch = "wasm32")]
+impl<T: ?Sized> MaybeSend for T {}
+
+/// The future of an asynchronous forward pass (`Session::forward_last_async`).
+pub type LocalFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 
 /// Which positions of a forward pass need logits.
 #[derive(Copy, Clone, PartialEq, Eq, Debug)]
@@ -15,7 +31,7 @@ pub enum Logits {
     All,
 }
 
-pub trait Session: Send {
+pub trait Session: MaybeSend {
     /// One line for logs, e.g. "cpu (avx512, 2 threads)".
     fn describe(&self) -> String;
     /// Positions the KV cache holds.
@@ -40,5 +56,37 @@ pub trait Session: Send {
         let mut id = 0;
         self.forward(model, tokens, Logits::Last, &mut |_, l| id = argmax(l))?;
         Ok(id)
+    }
+
+    /// The generation loop's forward pass: runs `tokens`, then returns the argmax of the last
+    /// token's logits (`argmax_only`), or copies those logits into `logits` and returns 0.
+    fn forward_last(
+        &mut self,
+        model: &Model,
+        tokens: &[u32],
+        argmax_only: bool,
+        logits: &mut [f32],
+    ) -> Result<u32> {
+        if argmax_only {
+            return self.forward_argmax(model, tokens);
+        }
+        self.forward(model, tokens, Logits::Last, &mut |_, l| {
+            logits.copy_from_slice(l)
+        })?;
+        Ok(0)
+    }
+
+    /// `forward_last` without blocking: a session whose results come back asynchronously (the
+    /// GPU in a browser, where waiting would stall the event loop that delivers them) overrides
+    /// it. The default runs the synchronous one.
+    fn forward_last_async<'a>(
+        &'a mut self,
+        model: &'a Model,
+        tokens: &'a [u32],
+        argmax_only: bool,
+        logits: &'a mut [f32],
+    ) -> LocalFuture<'a, Result<u32>> {
+        let result = self.forward_last(model, tokens, argmax_only, logits);
+        Box::pin(std::future::ready(result))
     }
 }

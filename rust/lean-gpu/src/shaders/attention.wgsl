@@ -41,7 +41,9 @@ struct Step {
 const WORKGROUP: u32 = 64u;
 const MAX_HEAD_DIM: u32 = 256u;
 const DIMS_PER_THREAD: u32 = MAX_HEAD_DIM / WORKGROUP;
-const LOWEST: f32 = -3.4028235e38;
+// The lowest finite f32, written below its exact value: 3.4028235e38 rounds above f32::MAX as an
+// abstract float, which Tint (Chromium) rejects.
+const LOWEST: f32 = -3.4028234e38;
 
 var<workgroup> q_head: array<f32, MAX_HEAD_DIM>;
 var<workgroup> probs: array<f32, WORKGROUP>;

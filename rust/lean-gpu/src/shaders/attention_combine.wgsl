@@ -40,7 +40,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     let len = step.pos0 + t + 1u;
     let used = (len + p.split_len - 1u) / p.split_len;
     let base = (t * p.n_heads + h) * p.n_splits * (hd + 2u);
-    var overall_max = -3.4028235e38;
+    var overall_max = -3.4028234e38;
     for (var s = 0u; s < used; s++) {
         overall_max = max(overall_max, partials[base + s * (hd + 2u)]);
     }

@@ -144,6 +144,13 @@ impl CpuSession {
         want: Logits,
         on_logits: impl FnMut(usize, &[f32]) + Send,
     ) -> Result<()> {
+        if !model.has_weight_data() {
+            return Err(LeanError::InvalidArgument(
+                "this model's weight matrices were streamed to a GPU, not kept in memory: the \
+                 CPU backend cannot run it"
+                    .into(),
+            ));
+        }
         // The whole pass runs on a pool thread: the caller's thread would otherwise compete for
         // the cores with the pool's spinning workers between parallel kernels.
         #[cfg(feature = "threads")]

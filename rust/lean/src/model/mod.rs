@@ -10,20 +10,66 @@ use crate::config::{Architecture, ModelConfig};
 use crate::error::Result;
 use lean_gguf::Gguf;
 
-/// The bytes of a GGUF file: memory-mapped natively, an owned buffer on wasm (or when asked).
+/// The bytes of a GGUF file: memory-mapped natively, an owned buffer on wasm (or when asked), or
+/// only part of it when the weight matrices went straight to a GPU (`Partial`).
 pub enum ModelBytes {
     #[cfg(feature = "mmap")]
     Mmap(memmap2::Mmap),
     Owned(Vec<u8>),
+    Partial(PartialBytes),
+}
+
+/// The header of a GGUF file and the tensors kept on the host (the small 1-D ones: norms,
+/// biases), each at its file offset; the weight matrices live on a device, uploaded while the
+/// file streamed in (lean-gpu's `StreamedModel`). Only a GPU session can run such a model.
+pub struct PartialBytes {
+    pub file_len: usize,
+    /// The file's first bytes: at least its metadata and tensor infos.
+    pub header: Vec<u8>,
+    /// (file offset, bytes) of each tensor kept, in any order.
+    pub tensors: Vec<(usize, Vec<u8>)>,
 }
 
 impl ModelBytes {
+    /// The whole file; empty for `Partial` (see `range`).
     pub fn as_slice(&self) -> &[u8] {
         match self {
             #[cfg(feature = "mmap")]
             ModelBytes::Mmap(m) => m,
             ModelBytes::Owned(v) => v,
+            ModelBytes::Partial(_) => &[],
         }
+    }
+
+    /// The file's size.
+    pub fn len(&self) -> usize {
+        match self {
+            ModelBytes::Partial(p) => p.file_len,
+            whole => whole.as_slice().len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes `offset .. offset + len` of the file, when they are in memory.
+    pub fn range(&self, offset: usize, len: usize) -> Option<&[u8]> {
+        let end = offset.checked_add(len)?;
+        match self {
+            ModelBytes::Partial(p) => p
+                .tensors
+                .iter()
+                .find(|(start, bytes)| *start <= offset && end <= start + bytes.len())
+                .map(|(start, bytes)| &bytes[offset - start..end - start])
+                .or_else(|| p.header.get(offset..end)),
+            whole => whole.as_slice().get(offset..end),
+        }
+    }
+
+    /// Whether every byte of the file is in memory (a CPU session needs the weights).
+    pub fn is_whole(&self) -> bool {
+        !matches!(self, ModelBytes::Partial(_))
     }
 
     /// Memory-maps a file read-only: weights are paged in on use and shared with the page cache,
@@ -53,11 +99,14 @@ impl Model {
     /// Parses and validates the GGUF, reads the hyper-parameters and checks every tensor the
     /// architecture needs (presence, type, shape) before any compute.
     pub fn load(bytes: ModelBytes) -> Result<Model> {
-        let gguf = Gguf::parse(bytes.as_slice())?;
+        let gguf = match &bytes {
+            ModelBytes::Partial(p) => Gguf::parse_header(&p.header, p.file_len as u64)?,
+            whole => Gguf::parse(whole.as_slice())?,
+        };
         let config = ModelConfig::from_gguf(&gguf)?;
         let loader = weights::Loader {
             gguf: &gguf,
-            bytes: bytes.as_slice(),
+            bytes: &bytes,
             config: &config,
         };
         let weights = match config.arch {
@@ -77,14 +126,20 @@ impl Model {
         Self::load(ModelBytes::map_file(path)?)
     }
 
-    /// The packed bytes of a weight matrix.
+    /// The packed bytes of a weight matrix (empty when they are not in memory: see
+    /// `has_weight_data`).
     #[inline]
     pub fn data(&self, m: &Matrix) -> &[u8] {
-        &self.bytes.as_slice()[m.offset..m.offset + m.len]
+        self.bytes.range(m.offset, m.len).unwrap_or(&[])
+    }
+
+    /// Whether the weight matrices are in memory: false when they streamed straight to a GPU.
+    pub fn has_weight_data(&self) -> bool {
+        self.bytes.is_whole()
     }
 
     pub fn file_size(&self) -> usize {
-        self.bytes.as_slice().len()
+        self.bytes.len()
     }
 
     /// The GGUF's own vocabulary (`tokenizer.ggml.tokens`), to check a tokenizer against.

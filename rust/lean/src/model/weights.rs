@@ -43,7 +43,7 @@ pub struct Weights {
 /// What the architecture files use to fetch and check tensors.
 pub(crate) struct Loader<'a> {
     pub gguf: &'a Gguf,
-    pub bytes: &'a [u8],
+    pub bytes: &'a super::ModelBytes,
     pub config: &'a ModelConfig,
 }
 
@@ -86,8 +86,11 @@ impl Loader<'_> {
                 t.dims
             )));
         }
+        let data = self.bytes.range(t.offset, t.size).ok_or_else(|| {
+            LeanError::Model(format!("tensor '{name}': its data is not in memory"))
+        })?;
         let mut out = vec![0f32; len];
-        lean_quant::dequantize_row(t.ty, self.gguf.tensor_data(self.bytes, t), &mut out);
+        lean_quant::dequantize_row(t.ty, data, &mut out);
         Ok(out)
     }
 

@@ -42,6 +42,18 @@ impl Step {
     }
 }
 
+impl Fixture {
+    /// The prompt ids and greedy ids of case `name`.
+    pub fn ids(&self, name: &str) -> (&[u32], &[u32]) {
+        let case = self
+            .cases
+            .iter()
+            .find(|c| c.name == name)
+            .unwrap_or_else(|| panic!("no fixture case {name}"));
+        (&case.prompt_ids, &case.greedy_ids)
+    }
+}
+
 pub fn fixture_for(file: &str) -> Fixture {
     let fixture_path = common::repo_root()
         .join("fixtures/hf")
