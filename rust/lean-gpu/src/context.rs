@@ -224,7 +224,7 @@ impl GpuContext {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let state = Arc::new(Mutex::new(MapState::default()));
+        let mut request = None;
         if checked.is_ok() && len > 0 {
             let mut encoder = self
                 .device
@@ -233,35 +233,61 @@ impl GpuContext {
                 });
             encoder.copy_buffer_to_buffer(buffer, 0, &staging, 0, len as u64);
             self.queue.submit([encoder.finish()]);
-            let callback_state = state.clone();
-            staging.map_async(wgpu::MapMode::Read, .., move |result| {
-                let mut s = callback_state.lock().unwrap_or_else(|e| e.into_inner());
-                s.result = Some(result.map_err(|e| e.to_string()));
-                if let Some(w) = s.waker.take() {
-                    w.wake();
-                }
-            });
+            request = Some(self.request_map(&staging));
         }
         async move {
             checked?;
-            if len == 0 {
+            let Some(request) = request else {
                 return Ok(Vec::new());
-            }
-            MapFuture {
-                device: &self.device,
-                state,
-            }
-            .await
-            .map_err(GpuError::Readback)?;
-            let bytes = staging
-                .slice(..len as u64)
-                .get_mapped_range()
-                .map_err(|e| GpuError::Readback(e.to_string()))?
-                .to_vec();
-            staging.unmap();
+            };
+            let bytes = self.read_mapped(&request, &staging, len).await?;
             Ok(bytes)
         }
     }
+
+    /// Asks to map `buffer` (MAP_READ) for reading once the work submitted so far is done; the
+    /// result is awaited later with `read_mapped`. Issuing the map right after a submit lets a
+    /// browser resolve it with that submit, not with later ones.
+    pub(crate) fn request_map(&self, buffer: &wgpu::Buffer) -> MapRequest {
+        let state = Arc::new(Mutex::new(MapState::default()));
+        let callback_state = state.clone();
+        buffer.map_async(wgpu::MapMode::Read, .., move |result| {
+            let mut s = callback_state.lock().unwrap_or_else(|e| e.into_inner());
+            s.result = Some(result.map_err(|e| e.to_string()));
+            if let Some(w) = s.waker.take() {
+                w.wake();
+            }
+        });
+        MapRequest { state }
+    }
+
+    /// Awaits the map of `request` (made for `buffer`) and copies out its first `len` bytes,
+    /// then unmaps the buffer.
+    pub(crate) async fn read_mapped(
+        &self,
+        request: &MapRequest,
+        buffer: &wgpu::Buffer,
+        len: usize,
+    ) -> Result<Vec<u8>> {
+        MapFuture {
+            device: &self.device,
+            state: request.state.clone(),
+        }
+        .await
+        .map_err(GpuError::Readback)?;
+        let bytes = buffer
+            .slice(..len as u64)
+            .get_mapped_range()
+            .map_err(|e| GpuError::Readback(e.to_string()))?
+            .to_vec();
+        buffer.unmap();
+        Ok(bytes)
+    }
+}
+
+/// A buffer map in flight (`GpuContext::request_map`).
+pub(crate) struct MapRequest {
+    state: Arc<Mutex<MapState>>,
 }
 
 #[derive(Default)]

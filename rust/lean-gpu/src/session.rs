@@ -5,7 +5,7 @@
 //! token ids and the position are written into small buffers, the recorded plan replays, and
 //! only what the caller needs comes back: the argmax id (4 bytes) for greedy decoding, else the
 //! logits. The decode plan (one token) is recorded once; prefill plans per chunk size.
-use crate::context::GpuContext;
+use crate::context::{GpuContext, MapRequest};
 use crate::error::{GpuError, Result};
 use crate::kernels::{AttentionShape, Kernels, RopePairing, RopeShape, StepBuffer};
 use crate::plan::Plan;
@@ -14,6 +14,7 @@ use lean::config::{ModelConfig, RopeStyle};
 use lean::model::Matrix;
 use lean::session::LocalFuture;
 use lean::{LeanError, Logits, Model, Session};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// Tokens per prefill submit: bounds the activations (and the logits rows of `Logits::All`).
@@ -94,8 +95,45 @@ pub struct GpuSession {
     step: StepBuffer,
     act: Activations,
     capacity: usize,
+    /// Positions written to the KV cache, the queued pass of `ahead` included.
     pos: usize,
     decode_plan: Option<Plan>,
+    decoded: DecodedIds,
+    /// Set while a decode pass queued ahead (`decode_argmax` with `queue_next`) runs this id,
+    /// read back by the previous call: its result is the last entry of `decoded.pending`.
+    ahead: Option<u32>,
+}
+
+/// The ids that greedy decode passes produce, on their way back: each pass copies its argmax
+/// into one of two staging buffers in its own command buffer and asks for the map right after
+/// its submit, so an id costs no extra submit and a next pass can be queued before it is read.
+struct DecodedIds {
+    staging: [wgpu::Buffer; 2],
+    /// Passes whose id is still to be read, oldest first.
+    pending: VecDeque<PendingId>,
+}
+
+struct PendingId {
+    slot: usize,
+    submission: wgpu::SubmissionIndex,
+    map: MapRequest,
+}
+
+impl DecodedIds {
+    fn new(ctx: &GpuContext) -> Self {
+        let staging = || {
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("decoded id"),
+                size: 4,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        };
+        DecodedIds {
+            staging: [staging(), staging()],
+            pending: VecDeque::new(),
+        }
+    }
 }
 
 /// LEAN_GPU_TRACE=1 prints the time of each decode step's phases to stderr (natively: a
@@ -272,6 +310,7 @@ impl GpuSession {
             )));
         }
         ctx.take_error()?;
+        let ctx_for_ids = ctx.clone();
         Ok(GpuSession {
             step: StepBuffer::new(&ctx),
             ctx,
@@ -283,6 +322,8 @@ impl GpuSession {
             capacity: context_length,
             pos: 0,
             decode_plan: None,
+            decoded: DecodedIds::new(&ctx_for_ids),
+            ahead: None,
         })
     }
 
@@ -501,6 +542,120 @@ impl GpuSession {
         Ok(value)
     }
 
+    /// Forgets a pass queued ahead: the next pass overwrites its cache position.
+    fn discard_ahead(&mut self) {
+        if self.ahead.take().is_some() {
+            self.pos -= 1;
+        }
+    }
+
+    /// Greedy decoding of `token` (see `Session::decode_argmax`): its pass is queued (unless it
+    /// already is, ahead), then with `queue_next` the pass of its result, chained on the device
+    /// (the previous pass copied its argmax into the ids buffer), and only then is the id read.
+    async fn decode(&mut self, token: u32, queue_next: bool) -> Result<u32> {
+        let t = trace().then(std::time::Instant::now);
+        match self.ahead.take() {
+            Some(queued) if queued == token => {}
+            other => {
+                if other.is_some() {
+                    self.pos -= 1;
+                }
+                self.drain().await?;
+                self.submit_decode(Some(token)).await?;
+            }
+        }
+        let queued = queue_next && self.pos < self.capacity;
+        if queued {
+            self.submit_decode(None).await?;
+        }
+        let submitted = t.map(|t| t.elapsed());
+        let id = self.read_oldest().await?;
+        if let (Some(t), Some(submitted)) = (t, submitted) {
+            eprintln!(
+                "lean-gpu trace: decode · encode + submit {submitted:?} · wait for the id {:?}",
+                t.elapsed() - submitted
+            );
+        }
+        if queued {
+            self.ahead = Some(id);
+        }
+        Ok(id)
+    }
+
+    /// Queues the decode pass of one token at `self.pos`: `token`, or with `None` the argmax of
+    /// the pass before (copied into the ids buffer by that pass).
+    async fn submit_decode(&mut self, token: Option<u32>) -> Result<()> {
+        // Both staging slots busy: only with passes whose ids nobody wants any more.
+        while self.decoded.pending.len() >= 2 {
+            self.read_oldest().await?;
+        }
+        let slot = match self.decoded.pending.front() {
+            Some(p) => 1 - p.slot,
+            None => 0,
+        };
+        if let Some(token) = token {
+            self.ctx
+                .queue
+                .write_buffer(&self.act.ids, 0, bytemuck::bytes_of(&token));
+        }
+        self.step.set(&self.ctx, self.pos)?;
+        if self.decode_plan.is_none() {
+            self.decode_plan = Some(self.record(1, Output::Last)?);
+        }
+        let plan = self.decode_plan.as_ref().expect("recorded above");
+        let mut encoder = self
+            .ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("lean decode"),
+            });
+        plan.encode(&mut encoder);
+        encoder.copy_buffer_to_buffer(&self.act.argmax, 0, &self.act.ids, 0, 4);
+        encoder.copy_buffer_to_buffer(&self.act.argmax, 0, &self.decoded.staging[slot], 0, 4);
+        let submission = self.ctx.queue.submit([encoder.finish()]);
+        let map = self.ctx.request_map(&self.decoded.staging[slot]);
+        self.decoded.pending.push_back(PendingId {
+            slot,
+            submission,
+            map,
+        });
+        self.ctx.take_error()?;
+        self.pos += 1;
+        Ok(())
+    }
+
+    /// The id of the oldest pending decode pass. Natively this blocks until that submission is
+    /// done (passes queued after it keep running); in a browser the poll is a no-op and the map
+    /// callback arrives through the event loop.
+    async fn read_oldest(&mut self) -> Result<u32> {
+        let p = self
+            .decoded
+            .pending
+            .pop_front()
+            .ok_or_else(|| GpuError::Readback("no decode pass to read".into()))?;
+        self.ctx
+            .device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(p.submission),
+                timeout: None,
+            })
+            .map_err(|e| GpuError::Device(e.to_string()))?;
+        let bytes = self
+            .ctx
+            .read_mapped(&p.map, &self.decoded.staging[p.slot], 4)
+            .await?;
+        self.ctx.take_error()?;
+        Ok(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+    }
+
+    /// Reads (and drops) the ids of passes nobody waits for any more, freeing their slots.
+    async fn drain(&mut self) -> Result<()> {
+        while !self.decoded.pending.is_empty() {
+            self.read_oldest().await?;
+        }
+        Ok(())
+    }
+
     fn check(&self, tokens: &[u32]) -> lean::Result<()> {
         let vocab = self.model.config.vocab_size;
         if tokens.is_empty() {
@@ -511,9 +666,11 @@ impl GpuSession {
                 "token id {bad} is outside the vocabulary ({vocab})"
             )));
         }
-        if self.pos + tokens.len() > self.capacity {
+        // A pass queued ahead for this very token is not counted twice.
+        let pos = self.pos - usize::from(self.ahead.is_some());
+        if pos + tokens.len() > self.capacity {
             return Err(LeanError::PromptTooLong {
-                prompt_tokens: self.pos + tokens.len(),
+                prompt_tokens: pos + tokens.len(),
                 context_length: self.capacity,
             });
         }
@@ -540,7 +697,7 @@ impl Session for GpuSession {
     }
 
     fn position(&self) -> usize {
-        self.pos
+        self.pos - usize::from(self.ahead.is_some())
     }
 
     fn kv_bytes(&self) -> usize {
@@ -549,6 +706,7 @@ impl Session for GpuSession {
     }
 
     fn truncate(&mut self, pos: usize) {
+        self.discard_ahead();
         self.pos = self.pos.min(pos);
     }
 
@@ -559,6 +717,7 @@ impl Session for GpuSession {
         want: Logits,
         on_logits: &mut (dyn FnMut(usize, &[f32]) + Send),
     ) -> lean::Result<()> {
+        self.discard_ahead();
         self.check(tokens)?;
         let vocab = self.model.config.vocab_size;
         match want {
@@ -587,6 +746,7 @@ impl Session for GpuSession {
     }
 
     fn forward_argmax(&mut self, _model: &Model, tokens: &[u32]) -> lean::Result<u32> {
+        self.discard_ahead();
         self.check(tokens)?;
         let last = self.run_prefix(tokens).map_err(to_lean)?;
         self.run_chunk(last, Output::Last).map_err(to_lean)?;
@@ -594,6 +754,24 @@ impl Session for GpuSession {
             .wait(self.ctx.read_u32(&self.act.argmax, 1))
             .map_err(to_lean)?;
         Ok(id[0])
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn decode_argmax(&mut self, _model: &Model, token: u32, queue_next: bool) -> lean::Result<u32> {
+        self.check(&[token])?;
+        pollster::block_on(self.decode(token, queue_next)).map_err(to_lean)
+    }
+
+    fn decode_argmax_async<'a>(
+        &'a mut self,
+        _model: &'a Model,
+        token: u32,
+        queue_next: bool,
+    ) -> LocalFuture<'a, lean::Result<u32>> {
+        Box::pin(async move {
+            self.check(&[token])?;
+            self.decode(token, queue_next).await.map_err(to_lean)
+        })
     }
 
     fn forward_last_async<'a>(
@@ -604,6 +782,7 @@ impl Session for GpuSession {
         logits: &'a mut [f32],
     ) -> LocalFuture<'a, lean::Result<u32>> {
         Box::pin(async move {
+            self.discard_ahead();
             self.check(tokens)?;
             let last = self.run_prefix(tokens).map_err(to_lean)?;
             self.run_chunk(last, Output::Last).map_err(to_lean)?;

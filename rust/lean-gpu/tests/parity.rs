@@ -232,3 +232,55 @@ fn streamed_model_errors() {
     let err = bad.push(&corrupt).unwrap_err().to_string();
     assert!(err.contains("invalid GGUF file"), "{err}");
 }
+
+/// Greedy decoding queues each next pass before reading the id (`decode_argmax`): a stop token,
+/// `max_tokens` or a full context then leaves a pass queued for nothing. The next generation,
+/// blocking or async, must still be exact, and the context must end where the CPU's does.
+#[test]
+fn decoding_ahead_survives_stops_limits_and_restarts() {
+    let file = "smollm2-135m-instruct-q4_0.gguf";
+    let Some((ctx, kernels)) = gpu() else { return };
+    let fixture = parity_check::fixture_for(file);
+    let (prompt, greedy) = fixture.ids("raw_code");
+    let engine_with_context = |context: usize| {
+        let (model, tokenizer) = parity_check::load(file)?;
+        let (ctx, kernels) = (ctx.clone(), kernels.clone());
+        let engine = Engine::with_backend(model, tokenizer, context, |model, context| {
+            let session = GpuSession::new(ctx, kernels, model, context)
+                .map_err(|e| lean::LeanError::Backend(e.to_string()))?;
+            Ok(Box::new(session) as Box<dyn Session>)
+        });
+        Some(engine.expect("engine"))
+    };
+    let Some(mut engine) = engine_with_context(256) else {
+        return;
+    };
+    let generate = |engine: &mut Engine, max_tokens: usize, stop: Vec<u32>| {
+        let options = GenerateOptions {
+            max_tokens,
+            stop_token_ids: Some(stop),
+            ..GenerateOptions::default()
+        };
+        engine
+            .generate(&Prompt::Ids(prompt.to_vec()), &options, |_| true)
+            .expect("generate")
+    };
+    assert_eq!(generate(&mut engine, 5, Vec::new()).token_ids, greedy[..5]);
+    let stop = greedy[2];
+    let stop_at = greedy.iter().position(|&id| id == stop).unwrap();
+    let stopped = generate(&mut engine, 6, vec![stop]);
+    assert_eq!(stopped.token_ids, greedy[..=stop_at]);
+    assert_eq!(stopped.finish_reason, lean::FinishReason::Stop);
+    assert_eq!(
+        generate_async(&mut engine, prompt, 4, SamplingParams::default()),
+        greedy[..4]
+    );
+
+    // Room for the prompt and 3 more positions: the 4th token ends it, as on the CPU.
+    let Some(mut small) = engine_with_context(prompt.len() + 3) else {
+        return;
+    };
+    let full = generate(&mut small, 10, Vec::new());
+    assert_eq!(full.finish_reason, lean::FinishReason::ContextFull);
+    assert_eq!(full.token_ids, greedy[..4]);
+}

@@ -320,10 +320,14 @@ impl Engine {
         let t0 = now();
         let mut result = Ok(());
         if let Some(id) = active.pending_forward.take() {
-            result = self
-                .session
-                .forward_last(&self.model, &[id], active.argmax_only, &mut active.logits)
-                .map(|next| active.next_argmax = next);
+            result = if active.argmax_only {
+                let queue_next = active.may_continue();
+                self.session.decode_argmax(&self.model, id, queue_next)
+            } else {
+                self.session
+                    .forward_last(&self.model, &[id], false, &mut active.logits)
+            }
+            .map(|next| active.next_argmax = next);
         }
         let step = result.and_then(|()| self.sample_next(active));
         Self::settle(active, t0, step)
@@ -336,11 +340,17 @@ impl Engine {
         let mut result = Ok(());
         if let Some(id) = active.pending_forward.take() {
             let tokens = [id];
-            result = self
-                .session
-                .forward_last_async(&self.model, &tokens, active.argmax_only, &mut active.logits)
-                .await
-                .map(|next| active.next_argmax = next);
+            result = if active.argmax_only {
+                let queue_next = active.may_continue();
+                self.session
+                    .decode_argmax_async(&self.model, id, queue_next)
+                    .await
+            } else {
+                self.session
+                    .forward_last_async(&self.model, &tokens, false, &mut active.logits)
+                    .await
+            }
+            .map(|next| active.next_argmax = next);
         }
         let step = result.and_then(|()| self.sample_next(active));
         Self::settle(active, t0, step)
@@ -498,6 +508,12 @@ impl ActiveGeneration {
     /// Set once a step reported the end.
     pub fn finish_reason(&self) -> Option<FinishReason> {
         self.finish_reason
+    }
+
+    /// Whether a token after the one being computed may still be generated (else there is no
+    /// point in a session queueing its pass ahead).
+    fn may_continue(&self) -> bool {
+        self.token_ids().len() + 1 < self.max_tokens
     }
 
     fn end(&mut self, token: Option<TokenEvent>, reason: FinishReason) -> Step {

@@ -76,6 +76,27 @@ pub trait Session: MaybeSend {
         Ok(0)
     }
 
+    /// Greedy decoding of one token: runs `token` and returns the argmax of its logits. With
+    /// `queue_next` the caller says it will probably run that argmax next: a session may queue
+    /// its pass before returning (a GPU then computes while the caller streams this token and
+    /// the pass after is encoded). A call for that token finds its pass under way; any other
+    /// call discards it, and `position` does not count it. By default `forward_argmax`.
+    fn decode_argmax(&mut self, model: &Model, token: u32, queue_next: bool) -> Result<u32> {
+        let _ = queue_next;
+        self.forward_argmax(model, &[token])
+    }
+
+    /// `decode_argmax` without blocking (see `forward_last_async`).
+    fn decode_argmax_async<'a>(
+        &'a mut self,
+        model: &'a Model,
+        token: u32,
+        queue_next: bool,
+    ) -> LocalFuture<'a, Result<u32>> {
+        let result = self.decode_argmax(model, token, queue_next);
+        Box::pin(std::future::ready(result))
+    }
+
     /// `forward_last` without blocking: a session whose results come back asynchronously (the
     /// GPU in a browser, where waiting would stall the event loop that delivers them) overrides
     /// it. The default runs the synchronous one.
