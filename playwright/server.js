@@ -1,7 +1,11 @@
 // Static server for the browser tests: 127.0.0.1 only, with the headers that make a page
 // cross-origin isolated (COOP + COEP), which SharedArrayBuffer and so the threads build need.
-// Serves only what the tests load: the built wasm packages, the test page, the HF fixtures and
-// the test models ($LEAN_MODELS, default models/). No dependencies.
+// Serves only what the tests load: the built wasm packages, the test pages, lean-js's build
+// (packages/lean-js/dist), the HF fixtures, the test models ($LEAN_MODELS, default models/) and,
+// when $LEAN_VITE_APP names a built app (scripts/test-vite-app.sh), that app under /app/.
+// It counts the requests per path, so a test can tell what came from the network rather than
+// from a cache: GET /__stats answers {path: count}, DELETE /__stats resets the counts. No
+// dependencies.
 //   node playwright/server.js [port]     (env LEAN_TEST_PORT; default 8787)
 import { createReadStream } from "node:fs";
 import { stat } from "node:fs/promises";
@@ -17,8 +21,11 @@ const roots = {
   "/pkg/": join(repo, "rust/lean-wasm/pkg"),
   "/pkg-mt/": join(repo, "rust/lean-wasm/pkg-mt"),
   "/page/": join(repo, "playwright/page"),
+  "/lean-js/": join(repo, "packages/lean-js/dist"),
+  "/lean-js-page/": join(repo, "playwright/lean-js-page"),
   "/fixtures/": join(repo, "fixtures/hf"),
   "/models/": resolve(process.env.LEAN_MODELS ?? join(repo, "models")),
+  ...(process.env.LEAN_VITE_APP ? { "/app/": resolve(process.env.LEAN_VITE_APP) } : {}),
 };
 
 const contentTypes = {
@@ -27,6 +34,8 @@ const contentTypes = {
   ".json": "application/json",
   ".wasm": "application/wasm",
   ".jinja": "text/plain; charset=utf-8",
+  ".css": "text/css; charset=utf-8",
+  ".svg": "image/svg+xml",
 };
 
 const isolationHeaders = {
@@ -51,8 +60,20 @@ function reply(res, status, text) {
   res.end(text);
 }
 
+/** Requests per URL path since the start or the last reset (the stats endpoint itself excluded). */
+const requestCounts = new Map();
+
+function stats(req, res) {
+  if (req.method === "DELETE") requestCounts.clear();
+  else if (req.method !== "GET") return reply(res, 405, "method not allowed");
+  res.writeHead(200, { ...isolationHeaders, "Content-Type": "application/json" });
+  res.end(JSON.stringify(Object.fromEntries(requestCounts)));
+}
+
 const server = createServer(async (req, res) => {
   const { pathname } = new URL(req.url, "http://localhost");
+  if (pathname === "/__stats") return stats(req, res);
+  requestCounts.set(pathname, (requestCounts.get(pathname) ?? 0) + 1);
   if (pathname === "/") {
     res.writeHead(302, { ...isolationHeaders, Location: "/page/index.html" });
     return res.end();

@@ -14,7 +14,10 @@ cd "$(dirname "$0")/.."
 
 prepare() {
     set -e
-    grep -qx '/.devbin/' .git/info/exclude 2>/dev/null || echo /.devbin/ >>.git/info/exclude
+    local exclude
+    exclude=$(git rev-parse --git-path info/exclude)
+    mkdir -p "$(dirname "$exclude")"
+    grep -qx '/.devbin/' "$exclude" 2>/dev/null || echo /.devbin/ >>"$exclude"
     local target=${CARGO_TARGET_DIR:-/work/cache/target-gpu}
     CARGO_TARGET_DIR=$target nice -n 19 cargo test --release -p lean-gpu --no-run
     CARGO_TARGET_DIR=$target nice -n 19 cargo build --release -p lean-cli -p lean-gpu --examples --bins

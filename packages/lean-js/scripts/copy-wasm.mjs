@@ -8,7 +8,7 @@
 // Builds: pkg/ (single-thread SIMD, scripts/build-wasm.sh) is required; pkg-mt/ (threads) is
 // optional. A build is the wasm-bindgen --target web output: lean_wasm.js, lean_wasm_bg.wasm, the
 // .d.ts files, and snippets/ (helper scripts of wasm-bindgen-rayon in the threads build).
-import { cpSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { cpSync, existsSync, mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -39,6 +39,19 @@ for (const [name, dir] of Object.entries(builds)) {
     if (existsSync(join(dir, file))) cpSync(join(dir, file), join(srcWasm, name, file), { recursive: true });
   }
   console.log(`copy-wasm: ${name} build from ${dir}`);
+}
+// wasm-bindgen-rayon's helper cannot start the pool once a bundler merged the glue into lean's
+// worker (see scripts/pool-workers.js): lean-js's own takes its place.
+if (found.threads) {
+  const snippets = join(srcWasm, "threads/snippets");
+  const helpers = existsSync(snippets)
+    ? readdirSync(snippets, { recursive: true }).filter((f) => f.endsWith("workerHelpers.no-bundler.js"))
+    : [];
+  if (helpers.length !== 1) {
+    console.error(`copy-wasm: expected one wasm-bindgen-rayon workerHelpers.no-bundler.js in ${snippets}, found ${helpers.length}`);
+    process.exit(1);
+  }
+  cpSync(join(pkgDir, "scripts/pool-workers.js"), join(snippets, helpers[0]));
 }
 
 // The GPU backend runs on the single-thread build (WebGPU needs no shared memory), when that

@@ -40,8 +40,11 @@ export interface WasmGpuModelLoader {
 }
 
 export interface WasmModule {
-  /** wasm-bindgen's init: fetches and instantiates the .wasm next to the glue. */
-  default(): Promise<unknown>;
+  /**
+   * wasm-bindgen's init: fetches and instantiates the .wasm next to the glue, or (a thread of the
+   * threads build's pool) instantiates the module it was sent on the shared memory.
+   */
+  default(init?: { module_or_path: WebAssembly.Module; memory: WebAssembly.Memory }): Promise<unknown>;
   ModelLoader: new (totalBytes: number) => WasmModelLoader;
   /** Opens a WebGPU device and compiles the kernels (both builds have it). */
   GpuModelLoader: { open(totalBytes: number): Promise<WasmGpuModelLoader> };
@@ -49,6 +52,8 @@ export interface WasmModule {
   takePanicMessage(): string | undefined;
   /** Multi-thread build only: starts rayon's pool of `threads` Web Workers. */
   initThreadPool?(threads: number): Promise<unknown>;
+  /** Multi-thread build only: runs this worker as a thread of the pool (never returns). */
+  wbg_rayon_start_worker?(receiver: number): void;
 }
 
 /** How to load each build; null when this package was built without it. */

@@ -71,8 +71,26 @@ function untilTrapped<T>(call: Promise<T>): Promise<T> {
   });
 }
 
+/**
+ * What the threads build's startWorkers (scripts/pool-workers.js) sends to make a new instance of
+ * this worker a thread of its pool; the thread answers "wasm_bindgen_worker_ready", or
+ * "wasm_bindgen_worker_error" when it cannot start.
+ */
+interface PoolThreadInit {
+  type: "wasm_bindgen_worker_init";
+  module: WebAssembly.Module;
+  memory: WebAssembly.Memory;
+  receiver: number;
+}
+
 scope.onmessage = (event) => {
-  const request = event.data;
+  const request = event.data as Request | PoolThreadInit;
+  if (request.type === "wasm_bindgen_worker_init") {
+    startPoolThread(request).catch((e: unknown) => {
+      (scope as unknown as Worker).postMessage({ type: "wasm_bindgen_worker_error", message: String(e) });
+    });
+    return;
+  }
   if (request.type === "cancel") {
     if (active?.id === request.id) active.cancelled = true;
     return;
@@ -349,4 +367,13 @@ async function generate(id: number, prompt: WirePrompt, params: GenerateParams):
   } finally {
     active = null;
   }
+}
+
+/** Runs this worker as a thread of the threads build's pool, on the module and memory it was sent. */
+async function startPoolThread({ module, memory, receiver }: PoolThreadInit): Promise<void> {
+  const threads = await wasmBuilds.threads?.();
+  if (!threads?.wbg_rayon_start_worker) throw new Error("this lean-js has no threads build");
+  await threads.default({ module_or_path: module, memory });
+  (scope as unknown as Worker).postMessage({ type: "wasm_bindgen_worker_ready" });
+  threads.wbg_rayon_start_worker(receiver);
 }

@@ -1,0 +1,168 @@
+// lean-js in a real browser (its build, packages/lean-js/dist, on playwright/lean-js-page/):
+// - a generation stopped midway, by aborting its AbortSignal or by breaking out of `for await`,
+//   leaves the engine ready: the same prompt then gives exactly the HF greedy ids, on the simd
+//   and the threads backend;
+// - a model loaded from URLs is kept in Cache Storage: after dispose, the second load makes no
+//   request for any model file (server.js counts requests per path, the worker's included) and
+//   still generates exactly.
+// Model: smollm2-135m-instruct-q4_0, case chat_short of its fixture (fixtures/hf). Needs
+// `npm run build -w lean-js` (scripts/test-browser.sh does it) and $LEAN_MODELS (default
+// models/); a missing model skips, or fails when $CI is set.
+import { existsSync, readFileSync, statSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { expect, test } from "@playwright/test";
+
+const repo = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
+const modelsDir = process.env.LEAN_MODELS ?? join(repo, "models");
+const modelName = "smollm2-135m-instruct-q4_0";
+const fixture = JSON.parse(readFileSync(join(repo, "fixtures", "hf", `${modelName}.json`), "utf8"));
+const chatShort = fixture.cases.find((c) => c.name === "chat_short");
+const greedy = chatShort.greedy_ids;
+const threads = 2;
+/** Tokens a stopped generation may make after the stop (each is one wasm call in the worker). */
+const slack = 3;
+
+/** The model's files as lean-js takes them: URLs (relative to the page's origin). */
+const modelUrls = {
+  gguf: `/models/${modelName}.gguf`,
+  tokenizer: `/models/${fixture.tokenizer}/tokenizer.json`,
+  tokenizerConfig: `/models/${fixture.tokenizer}/tokenizer_config.json`,
+  chatTemplate: `/models/${fixture.tokenizer}/chat_template.jinja`,
+};
+
+/** Skips the test when the model or lean-js's build is missing, unless $CI is set. */
+function requireFiles() {
+  const files = [join(modelsDir, `${modelName}.gguf`), join(repo, "packages/lean-js/dist/index.js")];
+  const missing = files.filter((f) => !existsSync(f));
+  if (missing.length === 0) return;
+  const why = `missing ${missing.join(", ")} (set LEAN_MODELS; run npm run build -w lean-js)`;
+  if (process.env.CI) throw new Error(why);
+  test.skip(true, why);
+}
+
+async function openPage(page) {
+  await page.goto("/lean-js-page/index.html");
+  await page.waitForFunction(() => window.leanJs !== undefined);
+}
+
+const call = (page, method, ...args) =>
+  page.evaluate(([method, args]) => window.leanJs[method](...args), [method, args]);
+
+/** Requests per path that server.js answered since the last reset. */
+async function requestCounts(request) {
+  const response = await request.get("/__stats");
+  expect(response.ok()).toBe(true);
+  return response.json();
+}
+
+for (const backend of ["simd", "threads"]) {
+  test(`${backend}: after a stopped generation the same prompt gives the reference ids`, async ({ page }) => {
+    requireFiles();
+    await openPage(page);
+    const loaded = await call(page, "load", { model: modelUrls, backend, threads, cache: false });
+    expect(loaded).toMatchObject({ backend, crossOriginIsolated: true, warnings: [] });
+
+    // Abort after 3 tokens: the iterator throws the signal's reason and the generation ends
+    // "cancelled" within a few tokens (the cancel message gets in between two tokens), its ids
+    // a prefix of the reference.
+    const aborted = await call(page, "generateAborted", chatShort.messages, greedy.length, 3);
+    expect(aborted.streamedIds).toEqual(greedy.slice(0, 3));
+    expect(aborted.error?.name).toBe("AbortError");
+    expect(aborted.finishReason).toBe("cancelled");
+    expect(aborted.tokenIds.length).toBeLessThanOrEqual(3 + slack);
+    expect(aborted.tokenIds).toEqual(greedy.slice(0, aborted.tokenIds.length));
+
+    const afterAbort = await call(page, "generate", chatShort.messages, greedy.length);
+    expect(afterAbort).toEqual({ streamedIds: greedy, error: null, finishReason: "length", tokenIds: greedy });
+
+    // `break` out of `for await` after 5 tokens: no error, the generation ends "cancelled".
+    const broken = await call(page, "generateBroken", chatShort.messages, greedy.length, 5);
+    expect(broken.streamedIds).toEqual(greedy.slice(0, 5));
+    expect(broken.error).toBeNull();
+    expect(broken.finishReason).toBe("cancelled");
+    expect(broken.tokenIds.length).toBeLessThanOrEqual(5 + slack);
+    expect(broken.tokenIds).toEqual(greedy.slice(0, broken.tokenIds.length));
+
+    const afterBreak = await call(page, "generate", chatShort.messages, greedy.length);
+    expect(afterBreak).toEqual({ streamedIds: greedy, error: null, finishReason: "length", tokenIds: greedy });
+    console.log(
+      `${test.info().project.name} ${backend}: aborted after 3 streamed tokens with ` +
+        `${aborted.tokenIds.length} generated, broke after 5 with ${broken.tokenIds.length}`,
+    );
+    await call(page, "dispose");
+  });
+}
+
+test("a second load comes from Cache Storage, without a request, and is still exact", async ({ page, request }) => {
+  requireFiles();
+  await openPage(page);
+  // A clean start: an entry left by an earlier run would make the first load a cache hit.
+  await call(page, "deleteCached");
+  expect(await call(page, "listCached")).toEqual([]);
+  await request.delete("/__stats");
+
+  const first = await call(page, "load", { model: modelUrls, backend: "simd" });
+  expect(first.sources).toEqual({ gguf: "network", tokenizer: "network", tokenizerConfig: "network", chatTemplate: "network" });
+  expect(first.warnings).toEqual([]);
+  const firstCounts = await requestCounts(request);
+  for (const url of Object.values(modelUrls)) expect(firstCounts[url], url).toBe(1);
+  const ggufBytes = statSync(join(modelsDir, `${modelName}.gguf`)).size;
+  const origin = new URL(page.url()).origin;
+  expect(await call(page, "listCached")).toContainEqual({ url: origin + modelUrls.gguf, bytes: ggufBytes });
+  const firstRun = await call(page, "generate", chatShort.messages, greedy.length);
+  expect(firstRun.tokenIds).toEqual(greedy);
+  await call(page, "dispose");
+
+  const second = await call(page, "load", { model: modelUrls, backend: "simd" });
+  expect(second.sources).toEqual({ gguf: "cache", tokenizer: "cache", tokenizerConfig: "cache", chatTemplate: "cache" });
+  expect(second.warnings).toEqual([]);
+  const secondCounts = await requestCounts(request);
+  for (const url of Object.values(modelUrls)) expect(secondCounts[url], `${url} requested again`).toBe(1);
+  const secondRun = await call(page, "generate", chatShort.messages, greedy.length);
+  expect(secondRun).toEqual({ streamedIds: greedy, error: null, finishReason: "length", tokenIds: greedy });
+  console.log(
+    `${test.info().project.name}: load from the network ${(first.loadMs / 1000).toFixed(2)} s, ` +
+      `from Cache Storage ${(second.loadMs / 1000).toFixed(2)} s`,
+  );
+
+  await call(page, "dispose");
+  await call(page, "deleteCached");
+});
+
+// lean-js on WebGPU: forced (Chromium's SwiftShader adapter is a fallback one, which `auto`
+// passes over), the model streamed into GPU buffers. Software WebGPU takes seconds a token, so
+// a few tokens only: a generation aborted after 2, then the same prompt, exactly. Firefox ESR
+// refuses WebGPU in release builds: skipped with its reason there.
+test("webgpu: after a stopped generation the same prompt gives the reference ids", async ({ page }, testInfo) => {
+  test.setTimeout(15 * 60_000);
+  requireFiles();
+  await openPage(page);
+  const missing = await page.evaluate(async () => {
+    try {
+      return (await navigator.gpu?.requestAdapter()) ? null : "no WebGPU adapter";
+    } catch (e) {
+      return `requestAdapter failed: ${e.message}`;
+    }
+  });
+  if (missing !== null) {
+    if (process.env.CI && testInfo.project.name === "chromium") throw new Error(`WebGPU unavailable: ${missing}`);
+    test.skip(true, `WebGPU unavailable in this browser: ${missing}`);
+  }
+  const loaded = await call(page, "load", { model: modelUrls, backend: "webgpu", cache: false });
+  expect(loaded).toMatchObject({ backend: "webgpu", warnings: [] });
+  const tokens = 4;
+  const aborted = await call(page, "generateAborted", chatShort.messages, tokens, 2);
+  expect(aborted.streamedIds).toEqual(greedy.slice(0, 2));
+  expect(aborted.error?.name).toBe("AbortError");
+  expect(aborted.finishReason).toBe("cancelled");
+  expect(aborted.tokenIds).toEqual(greedy.slice(0, aborted.tokenIds.length));
+  const again = await call(page, "generate", chatShort.messages, tokens);
+  expect(again).toEqual({
+    streamedIds: greedy.slice(0, tokens),
+    error: null,
+    finishReason: "length",
+    tokenIds: greedy.slice(0, tokens),
+  });
+  await call(page, "dispose");
+});
