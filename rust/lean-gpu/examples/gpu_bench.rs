@@ -8,8 +8,12 @@
 //! dispatch streams its weights from memory; dispatches write one `y`, so consecutive ones are
 //! ordered as in a forward pass, and small matrices show the per-dispatch cost.
 //!
-//! Run: `cargo run --release --example gpu_bench [-- --small]` (`--small`, or a CPU adapter
-//! such as lavapipe, uses shapes a tenth the size and fewer repetitions).
+//! Every matvec case runs with the default kernels (the reduction in workgroup memory) and,
+//! where the adapter has subgroups, again with `Kernels::with_subgroup_matvec`.
+//!
+//! Run: `cargo run --release --example gpu_bench [-- [--small] [TYPE...]]` (`--small`, or a
+//! CPU adapter such as lavapipe, uses shapes a tenth the size and fewer repetitions; type names
+//! such as Q4_0 Q6_K restrict the cases to those types).
 use lean_gpu::wgpu;
 use lean_gpu::{GpuContext, GpuMatrix, Kernels, Plan};
 use lean_quant::{scalar, TensorType};
@@ -24,11 +28,16 @@ const ROTATION_BYTES_SMALL: u64 = 32 << 20;
 const MAX_DISPATCHES: u64 = 2000;
 const TRIALS: usize = 3;
 
-/// (rows, cols) of a 3B-class model (Qwen2.5-3B: hidden 2048, FFN 11008, vocab 151936).
-const SHAPES: [(usize, usize); 6] = [
+/// (rows, cols) of the decode matvecs of Qwen2.5-0.5B (hidden 896, kv 128, FFN 4864) and
+/// Qwen2.5-3B (hidden 2048, kv 256, FFN 11008), both with a vocabulary of 151936.
+const SHAPES: [(usize, usize); 10] = [
+    (896, 896),
+    (128, 896),
+    (4864, 896),
+    (896, 4864),
+    (151936, 896),
     (2048, 2048),
-    (2048, 8192),
-    (8192, 2048),
+    (256, 2048),
     (11008, 2048),
     (2048, 11008),
     (151936, 2048),
@@ -320,6 +329,10 @@ fn spot_check(
 
 fn main() {
     let small = std::env::args().any(|a| a == "--small");
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
     let instance =
         wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
     for adapter in pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all())) {
@@ -343,6 +356,13 @@ fn main() {
     let timestamps = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
     let ctx = pollster::block_on(GpuContext::from_adapter(&adapter, timestamps)).expect("device");
     let kernels = pollster::block_on(Kernels::new(&ctx)).expect("kernels compile");
+    let subgroup = match pollster::block_on(Kernels::with_subgroup_matvec(&ctx)) {
+        Ok(k) => Some(k),
+        Err(lean_gpu::GpuError::MissingFeatures(_)) => None,
+        Err(e) => panic!("subgroup kernels: {e}"),
+    };
+    let mut variants = vec![("default", &kernels)];
+    variants.extend(subgroup.as_ref().map(|k| ("subgroup", k)));
     let small = small || ctx.adapter_info().device_type == wgpu::DeviceType::Cpu;
     let (run_bytes, rotation_bytes) = if small {
         (RUN_BYTES_SMALL, ROTATION_BYTES_SMALL)
@@ -362,7 +382,7 @@ fn main() {
     read_bandwidth(&ctx, &timer, "read vec4<u32>", READ_VEC4, read_bytes);
     read_bandwidth(&ctx, &timer, "read u32", READ_U32, read_bytes);
 
-    println!("\n| type | rows x cols | weight MB | copies | dispatches | time/dispatch | GB/s |\n|---|---|---|---|---|---|---|");
+    println!("\n| type | rows x cols | weight MB | kernels | copies | dispatches | time/dispatch | GB/s |\n|---|---|---|---|---|---|---|---|");
     // The cost of a dispatch itself (an 8 x 32 matrix); then F32, whose loads are all
     // contiguous, as the skeleton's own streaming rate.
     let cases = [
@@ -375,7 +395,10 @@ fn main() {
         TYPES
             .into_iter()
             .flat_map(|ty| SHAPES.map(|shape| (ty, shape))),
-    );
+    )
+    // K-quants only where the rows are whole 256-element blocks (not 896)
+    .filter(|(ty, (_, cols))| ty.row_bytes(*cols).is_some())
+    .filter(|(ty, _)| only.is_empty() || only.iter().any(|o| o.eq_ignore_ascii_case(ty.name())));
     for (ty, (rows, cols)) in cases {
         let rows = if small && rows > 8 { rows / 10 } else { rows };
         let w = random_matrix(ty, rows, cols);
@@ -390,21 +413,23 @@ fn main() {
         let dispatches = run_bytes
             .div_ceil(bytes)
             .clamp(copies as u64, MAX_DISPATCHES) as usize;
-        // All dispatches recorded into one plan: one compute pass, as a forward pass runs.
-        let mut plan = Plan::new();
-        for m in matrices.iter().cycle().take(dispatches) {
-            kernels
-                .matvec(&ctx, &mut plan, m, &xb, &yb)
-                .expect("matvec");
+        for &(variant, kernels) in &variants {
+            // All dispatches recorded into one plan: one compute pass, as a forward pass runs.
+            let mut plan = Plan::new();
+            for m in matrices.iter().cycle().take(dispatches) {
+                kernels
+                    .matvec(&ctx, &mut plan, m, &xb, &yb)
+                    .expect("matvec");
+            }
+            let seconds = timer.best(&ctx, |encoder| plan.encode(encoder));
+            spot_check(&ctx, ty, &w, rows, cols, &x, &yb);
+            let per = seconds / dispatches as f64;
+            println!(
+                "| {ty} | {rows}x{cols} | {} | {variant} | {copies} | {dispatches} | {:.1} µs | {} |",
+                three_digits(bytes as f64 / 1e6),
+                per * 1e6,
+                three_digits(bytes as f64 / per / 1e9)
+            );
         }
-        let seconds = timer.best(&ctx, |encoder| plan.encode(encoder));
-        spot_check(&ctx, ty, &w, rows, cols, &x, &yb);
-        let per = seconds / dispatches as f64;
-        println!(
-            "| {ty} | {rows}x{cols} | {} | {copies} | {dispatches} | {:.1} µs | {} |",
-            three_digits(bytes as f64 / 1e6),
-            per * 1e6,
-            three_digits(bytes as f64 / per / 1e9)
-        );
     }
 }

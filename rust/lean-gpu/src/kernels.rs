@@ -1,25 +1,42 @@
 //! Compute pipelines of the WGSL kernels and functions that record one dispatch each into a
 //! command encoder. Sizes are checked here (wgpu would clamp out-of-bounds accesses silently).
 //!
-//! The matvec and matmul kernels are one shader per tensor type, assembled at pipeline creation
-//! as `bytes.wgsl + quant_<type>.wgsl + matvec.wgsl` (or `matmul.wgsl`): WGSL has no includes,
-//! and override constants cannot swap the block decoder, so each skeleton (rows, tiles,
-//! reductions) is written once and each type contributes only its block layout (`part_dot` for
-//! matvec, `weight_at` for matmul's tiles).
+//! The matvec, matmul and embed kernels are one shader per tensor type, assembled at pipeline
+//! creation as `bytes.wgsl + units.wgsl + quant_<type>.wgsl + <skeleton>.wgsl`: WGSL has no
+//! includes, and override constants cannot swap the block decoder, so each skeleton (rows,
+//! tiles, reductions) is written once and each type contributes only its block layout
+//! (`slice_x`/`slice_dot` for matvec, `weight_at` for matmul's tiles and embed).
+//!
+//! Decode is one matvec per weight matrix, bound by memory bandwidth: weights of the common
+//! types are repacked at upload into planes of a word per 8-element slice (weights.rs);
+//! neighbouring threads take neighbouring slices, so their loads of weights and activations
+//! are contiguous, and each thread dots its slice of x with the workgroup's 2 rows. The threads
+//! sum their partial dots in workgroup memory (matvec_workgroup.wgsl), or, when asked for, with
+//! subgroupAdd (matvec_subgroup.wgsl).
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
 use crate::plan::Plan;
-use crate::weights::GpuMatrix;
+use crate::weights::{GpuMatrix, Layout};
 use lean_gguf::TensorType;
 
 const BYTES: &str = include_str!("shaders/bytes.wgsl");
+const UNITS: &str = include_str!("shaders/units.wgsl");
 const MATVEC: &str = include_str!("shaders/matvec.wgsl");
+const MATVEC_WORKGROUP: &str = include_str!("shaders/matvec_workgroup.wgsl");
+const MATVEC_SUBGROUP: &str = include_str!("shaders/matvec_subgroup.wgsl");
 const MATMUL: &str = include_str!("shaders/matmul.wgsl");
 const EMBED: &str = include_str!("shaders/embed.wgsl");
+/// Browsers' WGSL wants subgroups enabled in the shader; naga (native) has no such directive.
+const SUBGROUPS_DIRECTIVE: &str = if cfg!(target_arch = "wasm32") {
+    "enable subgroups;\n"
+} else {
+    ""
+};
 /// Rows and tokens per matmul workgroup tile (matmul.wgsl: TILE).
 const MATMUL_TILE: usize = 32;
-/// Rows per matvec workgroup (matvec.wgsl: WORKGROUP / THREADS_PER_ROW).
-const MATVEC_ROWS_PER_GROUP: u32 = 8;
+/// Rows each matvec thread dots its slices with, and so rows per workgroup (matvec.wgsl:
+/// ROWS_PER_THREAD).
+const MATVEC_ROWS_PER_THREAD: usize = 2;
 /// Threads per workgroup of the element-wise kernels (rope, silu_mul, add).
 const ELEMENTWISE_GROUP: u32 = 64;
 
@@ -39,31 +56,53 @@ pub fn matvec_supports(ty: TensorType) -> bool {
     MATVEC_TYPES.iter().any(|(t, _)| *t == ty)
 }
 
+/// Threads of a matvec dispatch that keep the device busy (about a thousand per multiprocessor
+/// of a large GPU): below this, a workgroup's rows get more threads.
+const MATVEC_TARGET_THREADS: usize = 1 << 17;
+/// The matvec workgroup sizes (matvec.wgsl: WORKGROUP), one pipeline each.
+const MATVEC_WORKGROUP_SIZES: [usize; 3] = [64, 128, 256];
+
+/// Index in MATVEC_WORKGROUP_SIZES of the threads that split a row's `slices` among them in a
+/// matvec of `workgroups` workgroups: enough for about 4 slices each (each thread pays for the
+/// reduction once), more while the device is short of threads, at most one per slice.
+fn matvec_size_index(slices: usize, workgroups: usize) -> usize {
+    let most = slices.next_power_of_two();
+    let mut i = MATVEC_WORKGROUP_SIZES
+        .iter()
+        .position(|&n| n >= slices / 4)
+        .unwrap_or(MATVEC_WORKGROUP_SIZES.len() - 1);
+    while i + 1 < MATVEC_WORKGROUP_SIZES.len()
+        && MATVEC_WORKGROUP_SIZES[i] < most
+        && workgroups * MATVEC_WORKGROUP_SIZES[i] < MATVEC_TARGET_THREADS
+    {
+        i += 1;
+    }
+    i
+}
+
 #[repr(C)]
 #[derive(Copy, Clone, bytemuck::Pod, bytemuck::Zeroable)]
 struct MatvecParams {
+    layout: Layout,
     rows: u32,
     cols: u32,
-    row_bytes: u32,
-    weight_offset: u32,
     first_row: u32,
     accumulate: u32,
-    pad: [u32; 2],
+    pad: [u32; 4],
 }
 
 #[repr(C)]
 #[derive(Copy, Clone, bytemuck::Pod, bytemuck::Zeroable)]
 struct MatmulParams {
+    layout: Layout,
     rows: u32,
     cols: u32,
-    row_bytes: u32,
-    weight_offset: u32,
     first_row: u32,
     n_tokens: u32,
     out_stride: u32,
     row_tiles: u32,
     accumulate: u32,
-    pad: [u32; 3],
+    pad: u32,
 }
 
 #[repr(C)]
@@ -127,12 +166,11 @@ struct KvStoreParams {
 #[repr(C)]
 #[derive(Copy, Clone, bytemuck::Pod, bytemuck::Zeroable)]
 struct EmbedParams {
+    layout: Layout,
     n_tokens: u32,
     cols: u32,
-    row_bytes: u32,
     first_row: u32,
     rows: u32,
-    pad: [u32; 3],
 }
 
 #[repr(C)]
@@ -268,9 +306,14 @@ pub fn rope_cos_sin(
     table
 }
 
+/// Matvec pipelines of a type, one per workgroup size (MATVEC_WORKGROUP_SIZES).
+type MatvecPipelines = Vec<(TensorType, Vec<wgpu::ComputePipeline>)>;
+
 /// All compiled pipelines.
 pub struct Kernels {
-    matvec: Vec<(TensorType, wgpu::ComputePipeline)>,
+    /// Matvecs reducing in workgroup memory, and with subgroupAdd (`with_subgroup_matvec`).
+    matvec: MatvecPipelines,
+    matvec_subgroup: Option<MatvecPipelines>,
     matmul: Vec<(TensorType, wgpu::ComputePipeline)>,
     embed: Vec<(TensorType, wgpu::ComputePipeline)>,
     kv_store: wgpu::ComputePipeline,
@@ -290,13 +333,62 @@ fn pipeline(ctx: &GpuContext, label: &str, source: &str) -> wgpu::ComputePipelin
             label: Some(label),
             source: wgpu::ShaderSource::Wgsl(source.into()),
         });
+    pipeline_of(ctx, label, &module, &[])
+}
+
+/// A matvec pipeline, compiled without wgpu's runtime checks (clamped indices, loop counters,
+/// guarded divisions): decode reads every weight through it, and the checks cost it 5-15% on
+/// an H200. In the browser the checks stay (create_shader_module_trusted is the plain one).
+///
+/// Every access of matvec.wgsl, its reductions and the block snippets' slice_x/slice_dot is in
+/// range, from what `Kernels::matvec_into` checks and `GpuMatrix` builds:
+/// - weights: rows are clamped to `rows - 1` and slices run below `row_slices()`, so a slice's
+///   index is below the part's slices; weights.rs sizes each plane of a repacked part for all
+///   of them (its tests check the sizes), and GGUF-layout parts hold whole rows of whole
+///   blocks, padded to 16 bytes, which covers load_u32's second word at a block's end;
+/// - x: slices cover `cols` elements (block types: whole units, read as vec4 below cols / 4;
+///   F32 reads clamp to cols - 1), and `x` holds at least `cols` f32 (checked);
+/// - y: stores go to `first_row + r` for part rows r, below `rows()`, which `y` holds
+///   (checked); the workgroup arrays (256 entries) are indexed below WORKGROUP (at most 256)
+///   or by subgroup, below num_subgroups (at most WORKGROUP);
+/// - every loop steps by at least 1 toward a fixed bound, and the only divisions are by
+///   constants.
+///
+/// `tests/kernels.rs` runs these pipelines on awkward sizes (one-block rows, rows not a
+/// multiple of the workgroup's, split parts, F32 rows ending inside a slice).
+fn matvec_pipelines(ctx: &GpuContext, label: &str, source: &str) -> Vec<wgpu::ComputePipeline> {
+    let descriptor = wgpu::ShaderModuleDescriptor {
+        label: Some(label),
+        source: wgpu::ShaderSource::Wgsl(source.into()),
+    };
+    // SAFETY: every index is in range and every loop ends (see above).
+    let module = unsafe {
+        ctx.device
+            .create_shader_module_trusted(descriptor, wgpu::ShaderRuntimeChecks::unchecked())
+    };
+    MATVEC_WORKGROUP_SIZES
+        .iter()
+        .map(|&n| pipeline_of(ctx, label, &module, &[("WORKGROUP", n as f64)]))
+        .collect()
+}
+
+/// The compute pipeline of `module`'s entry point `main`, with override `constants`.
+fn pipeline_of(
+    ctx: &GpuContext,
+    label: &str,
+    module: &wgpu::ShaderModule,
+    constants: &[(&str, f64)],
+) -> wgpu::ComputePipeline {
     ctx.device
         .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(label),
             layout: None,
-            module: &module,
+            module,
             entry_point: Some("main"),
-            compilation_options: Default::default(),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants,
+                ..Default::default()
+            },
             cache: None,
         })
 }
@@ -328,35 +420,65 @@ fn check_len(what: &str, buffer: &wgpu::Buffer, len: usize) -> Result<()> {
 }
 
 impl Kernels {
-    /// Compiles every kernel. A shader the device rejects is reported as `GpuError::Shader`
-    /// (a bug of this crate or of the driver), not a panic.
+    /// Compiles every kernel, in core WGSL (what every adapter and browser runs). A shader the
+    /// device rejects is reported as `GpuError::Shader` (a bug of this crate or of the driver),
+    /// not a panic.
     pub async fn new(ctx: &GpuContext) -> Result<Self> {
+        Self::build(ctx, false).await
+    }
+
+    /// As `new`, with matvecs that sum their threads' partial dots with subgroupAdd instead of
+    /// a tree in workgroup memory; `GpuError::MissingFeatures` unless the device has
+    /// wgpu::Features::SUBGROUP. Not the default: on an H200 (Vulkan, driver 580) it was 3-8%
+    /// faster on most shapes but 3-5x slower on some (Q6_K, some Q8_0 and F32 shapes), where
+    /// the tree never was (examples/gpu_bench.rs measures both).
+    pub async fn with_subgroup_matvec(ctx: &GpuContext) -> Result<Self> {
+        if !ctx.features().contains(wgpu::Features::SUBGROUP) {
+            return Err(GpuError::MissingFeatures("SUBGROUP".into()));
+        }
+        Self::build(ctx, true).await
+    }
+
+    /// Whether matvecs reduce with subgroup operations.
+    pub fn uses_subgroups(&self) -> bool {
+        self.matvec_subgroup.is_some()
+    }
+
+    async fn build(ctx: &GpuContext, subgroups: bool) -> Result<Self> {
         let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let matvec = MATVEC_TYPES
-            .iter()
-            .map(|&(ty, block)| {
-                let source = format!("{BYTES}\n{block}\n{MATVEC}");
-                (ty, pipeline(ctx, &format!("matvec_{ty}"), &source))
-            })
-            .collect();
-        let matmul = MATVEC_TYPES
-            .iter()
-            .map(|&(ty, block)| {
-                let source = format!("{BYTES}\n{block}\n{MATMUL}");
-                (ty, pipeline(ctx, &format!("matmul_{ty}"), &source))
-            })
-            .collect();
-        let embed = MATVEC_TYPES
-            .iter()
-            .map(|&(ty, block)| {
-                let source = format!("{BYTES}\n{block}\n{EMBED}");
-                (ty, pipeline(ctx, &format!("embed_{ty}"), &source))
-            })
-            .collect();
+        let source = |header: &str, block: &str, skeleton: &str| {
+            format!("{header}{BYTES}\n{UNITS}\n{block}\n{skeleton}")
+        };
+        let per_type = |name: &str, skeleton: &str| {
+            MATVEC_TYPES
+                .iter()
+                .map(|&(ty, block)| {
+                    let label = format!("{name}_{ty}");
+                    (ty, pipeline(ctx, &label, &source("", block, skeleton)))
+                })
+                .collect::<Vec<_>>()
+        };
+        let matvec_per_type = |name: &str, header: &str, reduction: &str| {
+            MATVEC_TYPES
+                .iter()
+                .map(|&(ty, block)| {
+                    let skeleton = format!("{MATVEC}\n{reduction}");
+                    let label = format!("{name}_{ty}");
+                    (
+                        ty,
+                        matvec_pipelines(ctx, &label, &source(header, block, &skeleton)),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let matvec = matvec_per_type("matvec", "", MATVEC_WORKGROUP);
+        let matvec_subgroup = subgroups
+            .then(|| matvec_per_type("matvec_subgroup", SUBGROUPS_DIRECTIVE, MATVEC_SUBGROUP));
         let kernels = Kernels {
             matvec,
-            matmul,
-            embed,
+            matvec_subgroup,
+            matmul: per_type("matmul", MATMUL),
+            embed: per_type("embed", EMBED),
             kv_store: pipeline(ctx, "kv_store", include_str!("shaders/kv_store.wgsl")),
             rms_norm: pipeline(ctx, "rms_norm", include_str!("shaders/rms_norm.wgsl")),
             rope: pipeline(ctx, "rope", include_str!("shaders/rope.wgsl")),
@@ -387,11 +509,10 @@ impl Kernels {
         groups: u32,
     ) -> Result<()> {
         let max_dim = ctx.limits().max_compute_workgroups_per_dimension.max(1);
-        let (x, y) = if groups <= max_dim {
-            (groups, 1)
-        } else {
-            (max_dim, groups.div_ceil(max_dim))
-        };
+        // Rows (y) of equal length, as few as fit: only groups past `groups` in the last row
+        // are extra, and the kernels return from those at once.
+        let y = groups.div_ceil(max_dim);
+        let x = groups.div_ceil(y.max(1));
         if y > max_dim {
             return Err(GpuError::TooLarge(format!(
                 "{groups} workgroups exceed the dispatch limit"
@@ -454,22 +575,32 @@ impl Kernels {
         y: &wgpu::Buffer,
         accumulate: bool,
     ) -> Result<()> {
-        let pipeline = for_type(&self.matvec, m.ty())?;
         check_len("matvec x", x, m.cols())?;
         check_len("matvec y", y, m.rows())?;
+        // Workgroups of the first part, the largest: parts are dispatched one after another.
+        let workgroups = m.parts()[0].rows.div_ceil(MATVEC_ROWS_PER_THREAD);
+        let size = matvec_size_index(m.slices(), workgroups);
+        let pipelines = match &self.matvec_subgroup {
+            Some(subgroup) => &subgroup[..],
+            None => &self.matvec[..],
+        };
+        let pipeline = &pipelines
+            .iter()
+            .find(|(t, _)| *t == m.ty())
+            .ok_or(GpuError::UnsupportedType(m.ty()))?
+            .1[size];
         for part in m.parts() {
             let params = MatvecParams {
+                layout: m.layout(part),
                 rows: u32_arg("rows", part.rows)?,
                 cols: u32_arg("cols", m.cols())?,
-                row_bytes: u32_arg("row bytes", m.row_bytes())?,
-                weight_offset: 0,
                 first_row: u32_arg("first row", part.first_row)?,
                 accumulate: accumulate as u32,
-                pad: [0; 2],
+                pad: [0; 4],
             };
             let groups = u32_arg(
                 "matvec workgroups",
-                part.rows.div_ceil(MATVEC_ROWS_PER_GROUP as usize),
+                part.rows.div_ceil(MATVEC_ROWS_PER_THREAD),
             )?;
             Self::dispatch(ctx, plan, pipeline, &params, &[&part.buffer, x, y], groups)?;
         }
@@ -524,16 +655,15 @@ impl Kernels {
         for part in m.parts() {
             let row_tiles = part.rows.div_ceil(MATMUL_TILE);
             let params = MatmulParams {
+                layout: m.layout(part),
                 rows: u32_arg("rows", part.rows)?,
                 cols: u32_arg("cols", m.cols())?,
-                row_bytes: u32_arg("row bytes", m.row_bytes())?,
-                weight_offset: 0,
                 first_row: u32_arg("first row", part.first_row)?,
                 n_tokens: u32_arg("tokens", n_tokens)?,
                 out_stride: u32_arg("rows", m.rows())?,
                 row_tiles: u32_arg("row tiles", row_tiles)?,
                 accumulate: accumulate as u32,
-                pad: [0; 3],
+                pad: 0,
             };
             let groups = u32_arg(
                 "matmul workgroups",
@@ -762,12 +892,11 @@ impl Kernels {
         check_len("embed out", out, n_tokens * m.cols())?;
         for part in m.parts() {
             let params = EmbedParams {
+                layout: m.layout(part),
                 n_tokens: u32_arg("tokens", n_tokens)?,
                 cols: u32_arg("cols", m.cols())?,
-                row_bytes: u32_arg("row bytes", m.row_bytes())?,
                 first_row: u32_arg("first row", part.first_row)?,
                 rows: u32_arg("rows", part.rows)?,
-                pad: [0; 3],
             };
             let groups = u32_arg(
                 "embed workgroups",

@@ -1,10 +1,37 @@
-//! Weight matrices on the device, packed exactly as in the GGUF file. A matrix larger than one
-//! storage binding is split by rows into parts, each its own buffer and dispatch.
+//! Weight matrices on the device. A matrix larger than one storage binding is split by rows into
+//! parts, each its own buffer and dispatch.
+//!
+//! The decode matvec reads every weight once per token, so the types that carry real models'
+//! weights (Q4_0, Q8_0, Q6_K) and F32 are repacked once at upload into planes of aligned words:
+//! one word of quants per 8-element slice of a row, so that neighbouring threads, which take
+//! neighbouring slices, load neighbouring words (instead of shifting pairs of words out of 18-,
+//! 34- or 210-byte blocks), with scales in planes of their own. The other types stay exactly as
+//! in the GGUF file. A repacked part has the byte count of the file's rows (padded to 16).
+//! Each type's WGSL snippet (shaders/quant_<type>.wgsl) reads the layout written here.
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
 use lean_gguf::TensorType;
 
-/// Rows `first_row .. first_row + rows` of a matrix, in their own buffer.
+/// Elements of a unit: a block of the 32-element types, a sub-block of the K-quants (units.wgsl).
+const UNIT_LEN: usize = 32;
+/// Elements of a slice, the part of a row one matvec thread dots per step (units.wgsl).
+const SLICE_LEN: usize = 8;
+
+/// Where a part's arrays lie, as the WGSL snippets see it (units.wgsl: `Layout`).
+#[repr(C)]
+#[derive(Copy, Clone, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct Layout {
+    /// Units per row.
+    units: u32,
+    /// Bytes per row of a type kept as in the file.
+    row_bytes: u32,
+    /// Word offsets of a repacked type's arrays after the first (scales and such).
+    regions: [u32; 3],
+    pad: [u32; 3],
+}
+
+/// Rows `first_row .. first_row + rows` of a matrix, in their own buffer (in the layout of the
+/// matrix's type, see the module comment).
 pub struct WeightPart {
     pub buffer: wgpu::Buffer,
     pub first_row: usize,
@@ -17,6 +44,148 @@ pub struct GpuMatrix {
     cols: usize,
     row_bytes: usize,
     parts: Vec<WeightPart>,
+}
+
+/// Bytes of one row on the device (`row_bytes`: in the file).
+fn device_row_bytes(ty: TensorType, cols: usize, row_bytes: usize) -> usize {
+    match ty {
+        // rows padded with zeros to whole units
+        TensorType::F32 => cols.next_multiple_of(UNIT_LEN) * 4,
+        _ => row_bytes,
+    }
+}
+
+/// Bytes of a part of `rows` rows on the device, padded to 16 (shaders read 16-byte words).
+fn part_bytes(ty: TensorType, rows: usize, cols: usize, row_bytes: usize) -> usize {
+    (rows * device_row_bytes(ty, cols, row_bytes))
+        .next_multiple_of(16)
+        .max(16)
+}
+
+/// The layout of a part of `rows` rows (`part_bytes` bounds every offset, and upload_split keeps
+/// parts below 4 GiB).
+fn layout(ty: TensorType, rows: usize, cols: usize, row_bytes: usize) -> Layout {
+    let units_per_row = cols.div_ceil(UNIT_LEN);
+    // Slices of the whole part: the planes after the first start after a word for each.
+    let slices = rows * units_per_row * (UNIT_LEN / SLICE_LEN);
+    let regions = match ty {
+        // f16 scales of the units
+        TensorType::Q4_0 => [slices, 0, 0],
+        // the second words of the slices, then the f16 scales of the units
+        TensorType::Q8_0 => [slices, 2 * slices, 0],
+        // high bit pairs (a word per 2 slices), i8 scales (a byte per 2), f16 d (per 32)
+        TensorType::Q6_K => [
+            slices,
+            slices + slices / 2,
+            slices + slices / 2 + slices / 8,
+        ],
+        _ => [0; 3],
+    };
+    Layout {
+        units: units_per_row as u32,
+        row_bytes: row_bytes as u32,
+        regions: regions.map(|r| r as u32),
+        pad: [0; 3],
+    }
+}
+
+/// The device bytes of `data` (whole rows of `ty` as in the file) in the layout of the type.
+fn pack_part(ty: TensorType, cols: usize, data: &[u8]) -> Vec<u8> {
+    let row_bytes = ty.row_bytes(cols).expect("checked at upload");
+    let rows = data.len() / row_bytes;
+    let mut out = vec![0u8; part_bytes(ty, rows, cols, row_bytes)];
+    let slices = rows * cols.div_ceil(UNIT_LEN) * (UNIT_LEN / SLICE_LEN);
+    match ty {
+        TensorType::F32 => {
+            let stride = cols.next_multiple_of(UNIT_LEN) * 4;
+            for (src, dst) in data
+                .chunks_exact(row_bytes)
+                .zip(out.chunks_exact_mut(stride))
+            {
+                dst[..row_bytes].copy_from_slice(src);
+            }
+        }
+        // Q4_0 blocks: f16 d, qs[16] with element e < 16 in the low nibble of qs[e], 16 + e in
+        // the high one.
+        TensorType::Q4_0 => {
+            let (quants, scales) = out.split_at_mut(4 * slices);
+            for (b, block) in data.chunks_exact(18).enumerate() {
+                let q = |e: usize| (block[2 + e % 16] >> (4 * (e / 16))) & 0x0F;
+                pack_nibble_slices(&mut quants[16 * b..16 * b + 16], q);
+                scales[2 * b..2 * b + 2].copy_from_slice(&block[..2]);
+            }
+        }
+        // Q8_0 blocks: f16 d, i8 qs[32]; bytes q + 128 (the shader turns bytes into floats
+        // without sign extension), words of elements 0..4 of each slice, then of 4..8.
+        TensorType::Q8_0 => {
+            let (first, rest) = out.split_at_mut(4 * slices);
+            let (second, scales) = rest.split_at_mut(4 * slices);
+            for (b, block) in data.chunks_exact(34).enumerate() {
+                for (c, q) in block[2..].chunks_exact(SLICE_LEN).enumerate() {
+                    let slice = 4 * b + c;
+                    for j in 0..4 {
+                        first[4 * slice + j] = q[j] ^ 0x80;
+                        second[4 * slice + j] = q[4 + j] ^ 0x80;
+                    }
+                }
+                scales[2 * b..2 * b + 2].copy_from_slice(&block[..2]);
+            }
+        }
+        TensorType::Q6_K => pack_q6_k(data, slices, &mut out),
+        _ => out[..data.len()].copy_from_slice(data),
+    }
+    out
+}
+
+/// Writes 4-bit values `q(e)` of one unit (32 elements) as the unit's 4 slice words: byte j of
+/// slice c holds element 8c + j in its low nibble and 8c + 4 + j in its high one.
+fn pack_nibble_slices(words: &mut [u8], q: impl Fn(usize) -> u8) {
+    for c in 0..4 {
+        for j in 0..4 {
+            words[4 * c + j] = q(8 * c + j) | (q(8 * c + 4 + j) << 4);
+        }
+    }
+}
+
+/// Q6_K blocks (ql[128], qh[64], i8 scales[16], f16 d; 6-bit q = low | high << 4, weight =
+/// d * scale[e / 16] * (q - 32)) as four planes:
+/// - low nibbles, a word per slice as Q4_0's (pack_nibble_slices);
+/// - high bit pairs, a word per two slices: byte j holds at bits 2f field f = the pairs of
+///   elements j, 4 + j of the even slice, then of the odd one (shifting right by 4 for the odd
+///   slice, the shader moves each field next to its nibbles with one shift and mask);
+/// - the scales, one byte per two slices (16 elements), as in the file;
+/// - one f16 d per block.
+fn pack_q6_k(data: &[u8], slices: usize, out: &mut [u8]) {
+    let (low, rest) = out.split_at_mut(4 * slices);
+    let (high, rest) = rest.split_at_mut(2 * slices);
+    let (scales, rest) = rest.split_at_mut(slices / 2);
+    let d = &mut rest[..slices / 16];
+    let mut q = [0u8; 256];
+    for (b, block) in data.chunks_exact(210).enumerate() {
+        let (ql, qh) = (&block[..128], &block[128..192]);
+        for (e, q) in q.iter_mut().enumerate() {
+            let (h, i) = (e / 128, e % 128);
+            let low = (ql[64 * h + i % 64] >> (4 * (i / 64))) & 0x0F;
+            let high = (qh[32 * h + i % 32] >> (2 * (i / 32))) & 0x03;
+            *q = low | (high << 4);
+        }
+        for (u, q) in q.chunks_exact(UNIT_LEN).enumerate() {
+            let unit = 8 * b + u;
+            pack_nibble_slices(&mut low[16 * unit..16 * unit + 16], |e| q[e] & 0x0F);
+            // two words of pairs: slices 0, 1 and 2, 3 of the unit
+            for pair in 0..2 {
+                for j in 0..4 {
+                    let field = |f: usize| {
+                        let slice = 2 * pair + f / 2;
+                        (q[8 * slice + 4 * (f % 2) + j] >> 4) << (2 * f)
+                    };
+                    high[8 * unit + 4 * pair + j] = field(0) | field(1) | field(2) | field(3);
+                }
+            }
+        }
+        scales[16 * b..16 * b + 16].copy_from_slice(&block[192..208]);
+        d[2 * b..2 * b + 2].copy_from_slice(&block[208..210]);
+    }
 }
 
 impl GpuMatrix {
@@ -50,9 +219,11 @@ impl GpuMatrix {
                 data.len()
             )));
         }
-        // Whole u32 words per part: a part's size rounds up to a multiple of 4.
+        // Offsets in the shaders are u32 (bytes, for the types kept as in the file).
+        let limit = max_part_bytes.min(u32::MAX as u64) as usize;
+        // The most rows whose part, padded by up to 15 bytes, fits the limit.
         let rows_per_part =
-            (max_part_bytes.saturating_sub(3) / row_bytes as u64).min(rows as u64) as usize;
+            (limit.saturating_sub(15) / device_row_bytes(ty, cols, row_bytes)).min(rows);
         if rows_per_part == 0 {
             return Err(GpuError::TooLarge(format!("one {ty} row of {row_bytes} bytes exceeds the binding limit of {max_part_bytes} bytes")));
         }
@@ -62,7 +233,7 @@ impl GpuMatrix {
                 let n = rows_per_part.min(rows - first_row);
                 let bytes = &data[first_row * row_bytes..(first_row + n) * row_bytes];
                 WeightPart {
-                    buffer: ctx.upload_bytes(&format!("{ty} weights"), bytes),
+                    buffer: ctx.upload_bytes(&format!("{ty} weights"), &pack_part(ty, cols, bytes)),
                     first_row,
                     rows: n,
                 }
@@ -89,11 +260,73 @@ impl GpuMatrix {
         self.cols
     }
 
+    /// Bytes per row in the GGUF file.
     pub fn row_bytes(&self) -> usize {
         self.row_bytes
     }
 
     pub fn parts(&self) -> &[WeightPart] {
         &self.parts
+    }
+
+    /// 8-element slices per row (F32 rows are padded to whole 32-element units).
+    pub(crate) fn slices(&self) -> usize {
+        self.cols.div_ceil(UNIT_LEN) * (UNIT_LEN / SLICE_LEN)
+    }
+
+    /// Where the arrays of `part` (one of `parts()`) lie in its buffer.
+    pub(crate) fn layout(&self, part: &WeightPart) -> Layout {
+        layout(self.ty, part.rows, self.cols, self.row_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The repacked types keep the file's byte count, padded to 16.
+    #[test]
+    fn repacking_keeps_the_size() {
+        for (ty, cols) in [
+            (TensorType::Q4_0, 64),
+            (TensorType::Q8_0, 96),
+            (TensorType::Q6_K, 512),
+            (TensorType::Q4_K, 256),
+        ] {
+            let row_bytes = ty.row_bytes(cols).unwrap();
+            for rows in [1, 3, 8] {
+                let data = vec![0u8; rows * row_bytes];
+                let packed = pack_part(ty, cols, &data);
+                assert_eq!(packed.len(), (rows * row_bytes).next_multiple_of(16));
+                assert_eq!(packed.len(), part_bytes(ty, rows, cols, row_bytes));
+            }
+        }
+        assert_eq!(part_bytes(TensorType::F32, 3, 33, 132), 3 * 64 * 4);
+    }
+
+    /// Every Q6_K quant lands where quant_q6_k.wgsl looks for it.
+    #[test]
+    fn q6_k_slices_hold_every_element() {
+        let mut block = [0u8; 210];
+        for (i, b) in block.iter_mut().enumerate() {
+            *b = (i as u8).wrapping_mul(37).wrapping_add(11);
+        }
+        let packed = pack_part(TensorType::Q6_K, 256, &block);
+        let layout = layout(TensorType::Q6_K, 1, 256, 210);
+        let word = |w: u32| u32::from_le_bytes(packed[4 * w as usize..][..4].try_into().unwrap());
+        let mut want = [0f32; 256];
+        lean_quant::scalar::dequantize(TensorType::Q6_K, &block, &mut want);
+        let d = half::f16::from_le_bytes([block[208], block[209]]).to_f32();
+        for (e, &want) in want.iter().enumerate() {
+            let (i, j) = ((e / 8) as u32, (e % 8) as u32);
+            let nibble = (word(i) >> (8 * (j % 4) + 4 * (j / 4))) & 0xF;
+            let field = 4 * (i & 1) + 2 * (j / 4);
+            let pair = (word(layout.regions[0] + i / 2) >> (8 * (j % 4) + field)) & 3;
+            let scale = (word(layout.regions[1] + i / 8) >> (8 * ((i / 2) % 4))) as u8 as i8;
+            let q = (nibble | (pair << 4)) as f32 - 32.0;
+            assert_eq!(d * scale as f32 * q, want, "element {e}");
+        }
+        let d_at = 4 * layout.regions[2] as usize;
+        assert_eq!(packed[d_at..d_at + 2], block[208..210]);
     }
 }

@@ -76,13 +76,39 @@ fn random_matrix(rng: &mut Rng, ty: TensorType, rows: usize, cols: usize) -> Vec
     w
 }
 
-fn gpu() -> Option<&'static (GpuContext, Kernels)> {
-    static GPU: OnceLock<Option<(GpuContext, Kernels)>> = OnceLock::new();
+fn gpu() -> Option<(&'static GpuContext, &'static Kernels)> {
+    gpu_with_subgroup_kernels().map(|(ctx, kernels, _)| (ctx, kernels))
+}
+
+/// The device, its kernels, and where the device has subgroups its kernels whose matvec reduces
+/// with them (None elsewhere; the test fails on a CI adapter without them, as lavapipe has them).
+fn gpu_with_subgroup_kernels() -> Option<&'static (GpuContext, Kernels, Option<Kernels>)> {
+    static GPU: OnceLock<Option<(GpuContext, Kernels, Option<Kernels>)>> = OnceLock::new();
     GPU.get_or_init(|| match pollster::block_on(GpuContext::new()) {
         Ok(ctx) => {
-            eprintln!("adapter: {}", ctx.describe());
+            let info = ctx.adapter_info();
+            eprintln!(
+                "adapter: {}; subgroups of {}..={}",
+                ctx.describe(),
+                info.subgroup_min_size,
+                info.subgroup_max_size
+            );
             let kernels = pollster::block_on(Kernels::new(&ctx)).expect("kernels compile");
-            Some((ctx, kernels))
+            assert!(!kernels.uses_subgroups());
+            let subgroup = match pollster::block_on(Kernels::with_subgroup_matvec(&ctx)) {
+                Ok(k) => Some(k),
+                Err(GpuError::MissingFeatures(_)) => {
+                    assert!(
+                        std::env::var_os("CI").is_none(),
+                        "CI's adapter should have subgroups"
+                    );
+                    eprintln!("no subgroups: the subgroup matvec is not tested");
+                    None
+                }
+                Err(e) => panic!("subgroup kernels compile: {e}"),
+            };
+            assert!(subgroup.as_ref().is_none_or(|k| k.uses_subgroups()));
+            Some((ctx, kernels, subgroup))
         }
         Err(e) => {
             assert!(
@@ -136,8 +162,9 @@ fn reference_matvec(
         .collect()
 }
 
-/// matvec (n_tokens = None) or matmul of n tokens against the reference, optionally with the
-/// weights split into parts of at most `max_part_bytes`.
+/// matvec (n_tokens = None; with the default kernels and the subgroup ones) or matmul of n
+/// tokens against the reference, optionally with the weights split into parts of at most
+/// `max_part_bytes`.
 fn check_linear(
     ty: TensorType,
     rows: usize,
@@ -146,7 +173,9 @@ fn check_linear(
     max_part_bytes: Option<u64>,
     seed: u64,
 ) {
-    let Some((ctx, kernels)) = gpu() else { return };
+    let Some((ctx, kernels, subgroup)) = gpu_with_subgroup_kernels() else {
+        return;
+    };
     let mut rng = Rng(seed);
     let w = random_matrix(&mut rng, ty, rows, cols);
     let n = n_tokens.unwrap_or(1);
@@ -167,21 +196,27 @@ fn check_linear(
         );
     }
     let xb = ctx.upload_f32("x", &x);
-    let yb = ctx.storage_f32("y", n * rows);
-    submit(ctx, |e| match n_tokens {
-        None => kernels.matvec(ctx, e, &m, &xb, &yb),
-        Some(n) => kernels.matmul(ctx, e, &m, &xb, &yb, n),
-    });
-    let y = read_f32(ctx, &yb, n * rows);
-    for t in 0..n {
-        let want_row = reference_matvec(ty, &w, rows, cols, &x[t * cols..(t + 1) * cols]);
-        for (r, (&got, &(want, abs))) in y[t * rows..(t + 1) * rows]
-            .iter()
-            .zip(&want_row)
-            .enumerate()
-        {
-            let err = (got as f64 - want).abs();
-            assert!(err <= TOLERANCE * abs + 1e-30, "{ty} {rows}x{cols} token {t}/{n_tokens:?} row {r}: {got} vs {want} (sum |wx| {abs})");
+    let want: Vec<Vec<(f64, f64)>> = (0..n)
+        .map(|t| reference_matvec(ty, &w, rows, cols, &x[t * cols..(t + 1) * cols]))
+        .collect();
+    let mut variants = vec![("default", kernels)];
+    if let (None, Some(subgroup)) = (n_tokens, subgroup) {
+        variants.push(("subgroup", subgroup));
+    }
+    for (variant, kernels) in variants {
+        let yb = ctx.storage_f32("y", n * rows);
+        submit(ctx, |e| match n_tokens {
+            None => kernels.matvec(ctx, e, &m, &xb, &yb),
+            Some(n) => kernels.matmul(ctx, e, &m, &xb, &yb, n),
+        });
+        let y = read_f32(ctx, &yb, n * rows);
+        for (t, want_row) in want.iter().enumerate() {
+            for (r, (&got, &(want, abs))) in
+                y[t * rows..(t + 1) * rows].iter().zip(want_row).enumerate()
+            {
+                let err = (got as f64 - want).abs();
+                assert!(err <= TOLERANCE * abs + 1e-30, "{ty} {rows}x{cols} ({variant} kernels) token {t}/{n_tokens:?} row {r}: {got} vs {want} (sum |wx| {abs})");
+            }
         }
     }
 }
@@ -217,18 +252,70 @@ fn matvec_awkward_shapes() {
     }
 }
 
+/// Rows of 1 to 344 units: row groups of 1 to 256 threads (the subgroup reduction from the
+/// adapter's largest subgroup up), threads with several units (more units than 256 threads),
+/// rows not a multiple of a workgroup's; the shapes of real models' matrices.
+#[test]
+fn matvec_row_group_sizes() {
+    for (i, ty) in [TensorType::Q4_0, TensorType::Q8_0, TensorType::Q6_K]
+        .into_iter()
+        .enumerate()
+    {
+        let seed = 200 + 10 * i as u64;
+        let block = ty.block_len();
+        for (j, (rows, cols)) in [
+            (5, 256usize),
+            (130, 896),
+            (37, 2048),
+            (3, 4864),
+            (21, 11008),
+            (9, 9984),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            check_matvec(
+                ty,
+                rows,
+                cols.next_multiple_of(block),
+                None,
+                seed + j as u64,
+            );
+        }
+    }
+    for (j, cols) in [32, 96, 352, 800].into_iter().enumerate() {
+        check_matvec(TensorType::Q4_0, 67, cols, None, 250 + j as u64);
+    }
+}
+
+/// More workgroups (of 2 rows) than one dispatch dimension holds: a 2-D dispatch whose groups
+/// past the last row must leave without writing.
+#[test]
+fn matvec_rows_beyond_one_dispatch_dimension() {
+    let Some((ctx, _)) = gpu() else { return };
+    let max_dim = ctx.limits().max_compute_workgroups_per_dimension as usize;
+    check_matvec(TensorType::Q8_0, 2 * max_dim + 3, 32, None, 260);
+}
+
 #[test]
 fn matvec_f32() {
     check_matvec(TensorType::F32, 1, 1, None, 50);
     check_matvec(TensorType::F32, 37, 77, None, 51);
     check_matvec(TensorType::F32, 130, 576, None, 52);
+    // rows ending inside a unit, with more units than a row group has threads
+    check_matvec(TensorType::F32, 11, 8200, None, 53);
 }
 
 #[test]
 fn matvec_split_across_bindings() {
     for (i, ty) in QUANT_TYPES.into_iter().chain([TensorType::F32]).enumerate() {
-        let cols = ty.block_len() * 2;
-        // parts of 5 rows (row sizes not multiples of 4 leave padded parts)
+        // F32: rows padded on the device to 64 elements
+        let cols = if ty == TensorType::F32 {
+            40
+        } else {
+            ty.block_len() * 2
+        };
+        // parts of about 5 rows (row sizes not multiples of 16 leave padded parts)
         let limit = (ty.row_bytes(cols).unwrap() * 5 + 3) as u64;
         check_matvec(ty, 23, cols, Some(limit), 60 + i as u64);
     }

@@ -1,5 +1,5 @@
-// Byte access into packed GGUF weights held as array<u32> (little-endian). Blocks of 18, 22,
-// 34 or 210 bytes start at any even byte offset, so fields are read with word loads + shifts.
+// Byte access into weights kept as in the GGUF file, held as array<u32> (little-endian). Blocks
+// of 22 bytes (Q5_0) start at any even byte offset, so fields are read with word loads + shifts.
 // Every f16 field sits at an even offset, hence inside a single word.
 
 fn load_u8(b: u32) -> u32 {

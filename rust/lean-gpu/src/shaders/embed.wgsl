@@ -1,24 +1,22 @@
-// Embedding lookup: out[t] = row ids[t] of the (packed) embedding matrix, dequantized with the
+// Embedding lookup: out[t] = row ids[t] of the embedding matrix, dequantized with the
 // prepended block snippet's weight_at(). A matrix split across bindings runs one dispatch per
 // part; each writes the tokens whose row falls in its part. One thread per output element.
 
 struct Params {
+    part: Layout, // where the weight part's arrays lie
     n_tokens: u32,
     cols: u32,
-    row_bytes: u32,
     first_row: u32, // rows first_row .. first_row + rows live in this part
     rows: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> ids: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
-// The block snippets' part_dot() (for matvec) reads `x`; unused here, so not bound.
+// Read only by the block snippets' slice_x (for matvec): not bound here.
 @group(0) @binding(4) var<storage, read> x: array<f32>;
+@group(0) @binding(4) var<storage, read> x4: array<vec4<f32>>;
 
 const WORKGROUP: u32 = 64u;
 
@@ -35,6 +33,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     if (id < p.first_row || id >= p.first_row + p.rows) {
         return;
     }
-    let blk = (id - p.first_row) * p.row_bytes + (e / BLOCK_LEN) * BLOCK_BYTES;
-    out[i] = weight_at(blk, e % BLOCK_LEN);
+    out[i] = weight_at(id - p.first_row, e);
 }

@@ -5,24 +5,23 @@
 // weight is decoded once per TILE tokens instead of once per token.
 
 struct Params {
+    part: Layout, // where the weight part's arrays lie
     rows: u32,          // rows in this part
     cols: u32,
-    row_bytes: u32,
-    weight_offset: u32, // byte offset of the part's first row in `w` (a multiple of 4)
     first_row: u32,     // column of y of the part's first row
     n_tokens: u32,
     out_stride: u32,    // rows of the whole matrix (y is n_tokens × out_stride)
     row_tiles: u32,     // ceil(rows / TILE)
     accumulate: u32,    // 1: y += x·Wᵀ (a residual add fused in); 0: y = x·Wᵀ
     _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
+// Read only by the block snippets' slice_x (for matvec): not bound here.
+@group(0) @binding(2) var<storage, read> x4: array<vec4<f32>>;
 
 const TILE: u32 = 32u;
 const KC: u32 = 32u;
@@ -50,8 +49,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
             let k = k0 + i % KC;
             var wv = 0.0;
             if (row0 + r < p.rows && k < p.cols) {
-                let blk = p.weight_offset + (row0 + r) * p.row_bytes + (k / BLOCK_LEN) * BLOCK_BYTES;
-                wv = weight_at(blk, k % BLOCK_LEN);
+                wv = weight_at(row0 + r, k);
             }
             w_tile[i] = wv;
             var xv = 0.0;

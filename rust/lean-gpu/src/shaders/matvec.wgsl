@@ -1,60 +1,59 @@
-// y[first_row + r] = dot(row r of W, x) for the rows of one weight part. The tensor type is
-// supplied by a block snippet prepended to this file (quant_<type>.wgsl), which defines
-// BLOCK_LEN, BLOCK_BYTES, PARTS and part_dot(): each block is cut into PARTS pieces so that
-// rows of few blocks still keep all threads busy. THREADS_PER_ROW threads share a row and sum
-// their partial dots in workgroup memory (no subgroup operations needed).
+// y[first_row + r] = dot(row r of W, x) for the rows of one weight part. The tensor type comes
+// from a block snippet prepended to this file (quant_<type>.wgsl): slice_x() loads the
+// activations of one 8-element slice, slice_dot() dots them with one row's slice.
+//
+// A workgroup owns ROWS_PER_THREAD rows; its threads take consecutive slices (so a subgroup's
+// loads are contiguous), each thread dotting a slice's activations with all the rows (x is read
+// once per 2 rows). A reduction entry point appended to this file (matvec_subgroup.wgsl or
+// matvec_workgroup.wgsl) sums the threads' partial dots and calls store_rows(). WORKGROUP is
+// set per pipeline (kernels.rs picks 64, 128 or 256 threads from the row length).
 
 struct Params {
-    rows: u32,          // rows in this part
-    cols: u32,          // elements per row (whole blocks)
-    row_bytes: u32,
-    weight_offset: u32, // byte offset of the part's first row in `w` (a multiple of 4)
-    first_row: u32,     // index in y of the part's first row
-    accumulate: u32,    // 1: y += W·x (a residual add fused in); 0: y = W·x
+    part: Layout,   // where the weight part's arrays lie
+    rows: u32,      // rows in this part
+    cols: u32,      // elements per row
+    first_row: u32, // index in y of the part's first row
+    accumulate: u32, // 1: y += W·x (a residual add fused in); 0: y = W·x
+    _pad0: u32,
     _pad1: u32,
     _pad2: u32,
+    _pad3: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
+// x and x4 are one binding: F32 reads scalars, the block types 16-byte words.
 @group(0) @binding(2) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> x4: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
-const WORKGROUP: u32 = 256u;
-const THREADS_PER_ROW: u32 = 32u;
-const ROWS_PER_GROUP: u32 = WORKGROUP / THREADS_PER_ROW;
+override WORKGROUP: u32 = 256u;
+const ROWS_PER_THREAD: u32 = 2u;
 
-var<workgroup> partial: array<f32, WORKGROUP>;
+// The partial dots with the workgroup's 2 rows of its thread `lid`.
+fn partial_dots(group: u32, lid: u32) -> vec2<f32> {
+    let first = group * ROWS_PER_THREAD;
+    // A row past the part's end repeats its last row (store_rows skips it): no branches here.
+    let r0 = min(first, p.rows - 1u);
+    let r1 = min(first + 1u, p.rows - 1u);
+    var acc = vec2<f32>(0.0);
+    for (var s = lid; s < row_slices(); s += WORKGROUP) {
+        let xs = slice_x(s);
+        acc += vec2<f32>(slice_dot(r0, s, xs), slice_dot(r1, s, xs));
+    }
+    return acc;
+}
 
-@compute @workgroup_size(WORKGROUP)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    // 2-D dispatch when the rows need more than max_compute_workgroups_per_dimension groups.
-    let group = wid.x + wid.y * groups.x;
-    let lane = lid % THREADS_PER_ROW;
-    let row = group * ROWS_PER_GROUP + lid / THREADS_PER_ROW;
-    var acc = 0.0;
-    if (row < p.rows) {
-        let row_byte = p.weight_offset + row * p.row_bytes;
-        let items = (p.cols / BLOCK_LEN) * PARTS;
-        for (var i = lane; i < items; i += THREADS_PER_ROW) {
-            let block = i / PARTS;
-            acc += part_dot(row_byte + block * BLOCK_BYTES, i % PARTS, block * BLOCK_LEN);
+// Writes the dots of the workgroup `group` with its rows.
+fn store_rows(group: u32, dots: vec2<f32>) {
+    for (var i = 0u; i < ROWS_PER_THREAD; i++) {
+        let r = group * ROWS_PER_THREAD + i;
+        if (r < p.rows) {
+            var v = dots[i];
+            if (p.accumulate != 0u) {
+                v = y[p.first_row + r] + v;
+            }
+            y[p.first_row + r] = v;
         }
-    }
-    partial[lid] = acc;
-    workgroupBarrier();
-    for (var s = THREADS_PER_ROW / 2u; s > 0u; s >>= 1u) {
-        if (lane < s) {
-            partial[lid] += partial[lid + s];
-        }
-        workgroupBarrier();
-    }
-    if (lane == 0u && row < p.rows) {
-        var sum = partial[lid];
-        if (p.accumulate != 0u) {
-            sum = y[p.first_row + row] + sum;
-        }
-        y[p.first_row + row] = sum;
     }
 }

@@ -1,13 +1,28 @@
-// F32: one element per block.
-const BLOCK_LEN: u32 = 1u;
-const BLOCK_BYTES: u32 = 4u;
-const PARTS: u32 = 1u;
+// F32, rows padded at upload with zeros to whole units (weights.rs): row r's elements start at
+// word 32 * r * p.part.units.
 
-fn part_dot(blk: u32, part: u32, xi: u32) -> f32 {
-    return bitcast<f32>(w[blk >> 2u]) * x[xi];
+fn slice_x(s: u32) -> array<vec4<f32>, 2> {
+    // F32 rows may end inside a slice: the tail reads as zeros (times the zero padding).
+    let e = 8u * s;
+    return array<vec4<f32>, 2>(
+        vec4<f32>(x_or_zero(e), x_or_zero(e + 1u), x_or_zero(e + 2u), x_or_zero(e + 3u)),
+        vec4<f32>(x_or_zero(e + 4u), x_or_zero(e + 5u), x_or_zero(e + 6u), x_or_zero(e + 7u)));
 }
 
-// Element e of the block at byte blk (the prefill matmul dequantizes tiles with this).
-fn weight_at(blk: u32, e: u32) -> f32 {
-    return bitcast<f32>(w[blk >> 2u]);
+fn x_or_zero(e: u32) -> f32 {
+    return select(0.0, x[min(e, p.cols - 1u)], e < p.cols);
+}
+
+fn weights4(i: u32) -> vec4<f32> {
+    return bitcast<vec4<f32>>(vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]));
+}
+
+fn slice_dot(row: u32, s: u32, xs: array<vec4<f32>, 2>) -> f32 {
+    let i = 8u * (row * row_slices() + s);
+    return dot_acc(dot_acc(0.0, weights4(i), xs[0]), weights4(i + 4u), xs[1]);
+}
+
+// Element e of part row `row` (embed and the prefill matmul read it with this).
+fn weight_at(row: u32, e: u32) -> f32 {
+    return bitcast<f32>(w[32u * row * p.part.units + e]);
 }

@@ -1,25 +1,27 @@
-// Q4_0 (18 bytes): f16 d, qs[16]. Element i < 16 is the low nibble of qs[i], 16 + i the high
-// one; weight = d * (q - 8). Part p: qs[4p..4p+4] -> elements 4p..4p+4 and 20p..
-const BLOCK_LEN: u32 = 32u;
-const BLOCK_BYTES: u32 = 18u;
-const PARTS: u32 = 4u;
+// Q4_0, repacked at upload (weights.rs): one word of quants per slice (byte j: element j in the
+// low nibble, element 4 + j in the high one), then the f16 scales d of the units (blocks) from
+// word p.part.region1. weight = d * (q - 8).
 
-fn part_dot(blk: u32, part: u32, xi: u32) -> f32 {
-    let d = load_f16(blk);
-    let qs = load_u32(blk + 2u + 4u * part);
-    var acc = 0.0;
-    for (var j = 0u; j < 4u; j++) {
-        let byte = (qs >> (8u * j)) & 0xFFu;
-        let e = 4u * part + j;
-        acc += (d * f32(i32(byte & 0xFu) - 8)) * x[xi + e];
-        acc += (d * f32(i32(byte >> 4u) - 8)) * x[xi + 16u + e];
-    }
-    return acc;
+// 2^23 + 8: magic_bytes(q) minus this is q - 8, exactly.
+const Q4_0_BIAS: vec4<f32> = vec4<f32>(8388616.0);
+
+fn slice_x(s: u32) -> array<vec4<f32>, 2> {
+    return x_slice_vec4(s);
 }
 
-// Element e of the block at byte blk (the prefill matmul dequantizes tiles with this).
-fn weight_at(blk: u32, e: u32) -> f32 {
-    let byte = load_u8(blk + 2u + e % 16u);
-    let q = select(byte & 0xFu, byte >> 4u, e >= 16u);
-    return load_f16(blk) * f32(i32(q) - 8);
+// Dot of slice s of part row `row` with its activations xs (d factored out of the slice's sum).
+fn slice_dot(row: u32, s: u32, xs: array<vec4<f32>, 2>) -> f32 {
+    let i = row * row_slices() + s;
+    let q = w[i];
+    let t = dot_acc(0.0, magic_bytes(q & NIBBLES) - Q4_0_BIAS, xs[0]);
+    let u = dot_acc(t, magic_bytes((q >> 4u) & NIBBLES) - Q4_0_BIAS, xs[1]);
+    return f16_at(p.part.region1, i / 4u) * u;
+}
+
+// Element e of part row `row` (embed and the prefill matmul dequantize with this).
+fn weight_at(row: u32, e: u32) -> f32 {
+    let i = row * row_slices() + e / 8u;
+    let j = e % 8u;
+    let q = (w[i] >> (8u * (j % 4u) + 4u * (j / 4u))) & 0xFu;
+    return f16_at(p.part.region1, i / 4u) * f32(i32(q) - 8);
 }

@@ -1,25 +1,34 @@
-// Q4_1 (20 bytes): f16 d, f16 m, qs[16] (nibbles as Q4_0); weight = d * q + m.
-const BLOCK_LEN: u32 = 32u;
-const BLOCK_BYTES: u32 = 20u;
-const PARTS: u32 = 4u;
+// Q4_1 (20 bytes, kept as in the file): f16 d, f16 m, qs[16] (element i < 16 in the low
+// nibble of qs[i], 16 + i in the high one); a unit is one block; weight = d * q + m. Blocks
+// start at multiples of 4 bytes, so qs are whole words.
 
-fn part_dot(blk: u32, part: u32, xi: u32) -> f32 {
-    let d = load_f16(blk);
-    let m = load_f16(blk + 2u);
-    let qs = load_u32(blk + 4u + 4u * part);
-    var acc = 0.0;
-    for (var j = 0u; j < 4u; j++) {
-        let byte = (qs >> (8u * j)) & 0xFFu;
-        let e = 4u * part + j;
-        acc += (d * f32(byte & 0xFu) + m) * x[xi + e];
-        acc += (d * f32(byte >> 4u) + m) * x[xi + 16u + e];
-    }
-    return acc;
+fn slice_x(s: u32) -> array<vec4<f32>, 2> {
+    return x_slice_vec4(s);
 }
 
-// Element e of the block at byte blk (the prefill matmul dequantizes tiles with this).
-fn weight_at(blk: u32, e: u32) -> f32 {
+// dot of the 4 nibbles of `quads` (bytes) with xv, weights d * q + m (rounded once, as the
+// reference dequantizes them: d * q is exact)
+fn q4_1_word(acc: f32, quads: u32, d: f32, m: f32, xv: vec4<f32>) -> f32 {
+    let q = magic_bytes(quads & NIBBLES) - vec4<f32>(8388608.0);
+    return dot_acc(acc, fma(vec4<f32>(d), q, vec4<f32>(m)), xv);
+}
+
+// Slice c of a block: the low (c < 2) or high nibbles of qs[8(c % 2) ..+ 8].
+fn slice_dot(row: u32, s: u32, xs: array<vec4<f32>, 2>) -> f32 {
+    let blk = row * p.part.row_bytes + (s / 4u) * 20u;
+    let c = s % 4u;
+    let d = load_f16(blk);
+    let m = load_f16(blk + 2u);
+    let q = blk / 4u + 1u + 2u * (c % 2u);
+    let shift = 4u * (c / 2u);
+    let t = q4_1_word(0.0, w[q] >> shift, d, m, xs[0]);
+    return q4_1_word(t, w[q + 1u] >> shift, d, m, xs[1]);
+}
+
+// Element e of part row `row` (embed and the prefill matmul dequantize with this).
+fn weight_at(row: u32, e: u32) -> f32 {
+    let blk = row * p.part.row_bytes + (e / 32u) * 20u;
     let byte = load_u8(blk + 4u + e % 16u);
-    let q = select(byte & 0xFu, byte >> 4u, e >= 16u);
+    let q = select(byte & 0xFu, byte >> 4u, e % 32u >= 16u);
     return load_f16(blk) * f32(q) + load_f16(blk + 2u);
 }

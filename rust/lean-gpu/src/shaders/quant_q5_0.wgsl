@@ -1,29 +1,37 @@
-// Q5_0 (22 bytes): f16 d, u32 qh (bit i = fifth bit of element i), qs[16] (low nibbles as
-// Q4_0); weight = d * (q - 16).
-const BLOCK_LEN: u32 = 32u;
-const BLOCK_BYTES: u32 = 22u;
-const PARTS: u32 = 4u;
+// Q5_0 (22 bytes, kept as in the file): f16 d, u32 qh (bit i = fifth bit of element i), qs[16]
+// (low nibbles as Q4_1); a unit is one block; weight = d * (q - 16).
 
-fn part_dot(blk: u32, part: u32, xi: u32) -> f32 {
-    let d = load_f16(blk);
-    let qh = load_u32(blk + 2u);
-    let qs = load_u32(blk + 6u + 4u * part);
-    var acc = 0.0;
-    for (var j = 0u; j < 4u; j++) {
-        let byte = (qs >> (8u * j)) & 0xFFu;
-        let e = 4u * part + j;
-        let lo = (byte & 0xFu) | (((qh >> e) & 1u) << 4u);
-        let hi = (byte >> 4u) | (((qh >> (e + 16u)) & 1u) << 4u);
-        acc += (d * f32(i32(lo) - 16)) * x[xi + e];
-        acc += (d * f32(i32(hi) - 16)) * x[xi + 16u + e];
-    }
-    return acc;
+// 2^23 + 16: magic_bytes(q) minus this is q - 16, exactly.
+const Q5_0_BIAS: vec4<f32> = vec4<f32>(8388624.0);
+
+fn slice_x(s: u32) -> array<vec4<f32>, 2> {
+    return x_slice_vec4(s);
 }
 
-// Element e of the block at byte blk (the prefill matmul dequantizes tiles with this).
-fn weight_at(blk: u32, e: u32) -> f32 {
-    let byte = load_u8(blk + 6u + e % 16u);
-    let nibble = select(byte & 0xFu, byte >> 4u, e >= 16u);
-    let q = nibble | (((load_u32(blk + 2u) >> e) & 1u) << 4u);
+// Bits 0..4 of h at bit 4 of bytes 0..4.
+fn fifth_bits(h: u32) -> u32 {
+    return ((h & 1u) << 4u) | ((h & 2u) << 11u) | ((h & 4u) << 18u) | ((h & 8u) << 25u);
+}
+
+// Slice c of a block: elements 8c ..+ 8, the low (c < 2) or high nibbles of qs[8(c % 2) ..+ 8].
+fn slice_dot(row: u32, s: u32, xs: array<vec4<f32>, 2>) -> f32 {
+    let blk = row * p.part.row_bytes + (s / 4u) * 22u;
+    let c = s % 4u;
+    let qh = load_u32(blk + 2u) >> (8u * c);
+    let qs = blk + 6u + 8u * (c % 2u);
+    let shift = 4u * (c / 2u);
+    let lo = ((load_u32(qs) >> shift) & NIBBLES) | fifth_bits(qh);
+    let hi = ((load_u32(qs + 4u) >> shift) & NIBBLES) | fifth_bits(qh >> 4u);
+    let t = dot_acc(0.0, magic_bytes(lo) - Q5_0_BIAS, xs[0]);
+    return load_f16(blk) * dot_acc(t, magic_bytes(hi) - Q5_0_BIAS, xs[1]);
+}
+
+// Element e of part row `row` (embed and the prefill matmul dequantize with this).
+fn weight_at(row: u32, e: u32) -> f32 {
+    let blk = row * p.part.row_bytes + (e / 32u) * 22u;
+    let k = e % 32u;
+    let byte = load_u8(blk + 6u + k % 16u);
+    let nibble = select(byte & 0xFu, byte >> 4u, k >= 16u);
+    let q = nibble | (((load_u32(blk + 2u) >> k) & 1u) << 4u);
     return load_f16(blk) * f32(i32(q) - 16);
 }

@@ -1,43 +1,40 @@
-// Q6_K (210 bytes): ql[128] (low 4 bits), qh[64] (high 2 bits), i8 scales[16], f16 d.
-// In half h, element 128h + e has nibble e / 64 of ql[64h + e % 64] and bits 2(e / 32).. of
-// qh[32h + e % 32]; weight = (d * scale[e / 16 + 8h]) * (q - 32).
-// Part p (16 per block): h = p / 8, elements e = 16r .. 16r + 16 with r = p % 8, which share
-// one nibble, one qh bit pair and one scale.
-const BLOCK_LEN: u32 = 256u;
-const BLOCK_BYTES: u32 = 210u;
-const PARTS: u32 = 16u;
+// Q6_K, repacked at upload (weights.rs, pack_q6_k): one word of low nibbles per slice (byte j:
+// element j in the low nibble, 4 + j in the high one); from word p.part.region1 one word of
+// high bit pairs per two slices (byte j, bits 2f: field f = 0, 1 for elements j, 4 + j of the
+// even slice, 2, 3 for those of the odd one); from word region2 the i8 scales, one per two
+// slices; from word region3 one f16 d per block (32 slices).
+// weight = (d * scale) * (q - 32) with q = nibble | pair << 4.
 
-fn part_dot(blk: u32, part: u32, xi: u32) -> f32 {
-    let h = part / 8u;
-    let r = part % 8u;
-    let d = load_f16(blk + 208u);
-    let scale = extractBits(i32(load_u8(blk + 192u + 8u * h + r)), 0u, 8u);
-    let dl = d * f32(scale);
-    let ql_at = blk + 64u * h + 16u * (r % 4u);
-    let qh_at = blk + 128u + 32u * h + 16u * (r % 2u);
-    let ql_shift = 4u * (r / 4u);
-    let qh_shift = 2u * (r / 2u);
-    let e0 = 128u * h + 16u * r;
-    var acc = 0.0;
-    for (var k = 0u; k < 4u; k++) {
-        let ql = load_u32(ql_at + 4u * k);
-        let qh = load_u32(qh_at + 4u * k);
-        for (var j = 0u; j < 4u; j++) {
-            let low = (ql >> (8u * j + ql_shift)) & 0xFu;
-            let high = (qh >> (8u * j + qh_shift)) & 3u;
-            let q = i32(low | (high << 4u)) - 32;
-            acc += (dl * f32(q)) * x[xi + e0 + 4u * k + j];
-        }
-    }
-    return acc;
+// 2^23 + 32: magic_bytes(q) minus this is q - 32, exactly.
+const Q6_K_BIAS: vec4<f32> = vec4<f32>(8388640.0);
+const PAIRS: u32 = 0x30303030u; // a pair moved to bits 4 and 5 of each byte
+
+fn slice_x(s: u32) -> array<vec4<f32>, 2> {
+    return x_slice_vec4(s);
 }
 
-// Element e of the block at byte blk (the prefill matmul dequantizes tiles with this).
-fn weight_at(blk: u32, e: u32) -> f32 {
-    let h = e / 128u;
-    let i = e % 128u;
-    let low = (load_u8(blk + 64u * h + i % 64u) >> (4u * (i / 64u))) & 0xFu;
-    let high = (load_u8(blk + 128u + 32u * h + i % 32u) >> (2u * (i / 32u))) & 3u;
-    let scale = extractBits(i32(load_u8(blk + 192u + e / 16u)), 0u, 8u);
-    return (load_f16(blk + 208u) * f32(scale)) * f32(i32(low | (high << 4u)) - 32);
+// Dot of slice s of part row `row` with its activations xs (d * scale factored out).
+fn slice_dot(row: u32, s: u32, xs: array<vec4<f32>, 2>) -> f32 {
+    let i = row * row_slices() + s;
+    let q = w[i];
+    let pairs = w[p.part.region1 + i / 2u] >> (4u * (i & 1u));
+    let lo = (q & NIBBLES) | ((pairs << 4u) & PAIRS);
+    let hi = ((q >> 4u) & NIBBLES) | ((pairs << 2u) & PAIRS);
+    let t = dot_acc(0.0, magic_bytes(lo) - Q6_K_BIAS, xs[0]);
+    let u = dot_acc(t, magic_bytes(hi) - Q6_K_BIAS, xs[1]);
+    let scale = extractBits(i32(w[p.part.region2 + i / 8u]), 8u * ((i / 2u) % 4u), 8u);
+    // d * scale is exact in f32 (11 by 8 significant bits)
+    return (f16_at(p.part.region3, i / 32u) * f32(scale)) * u;
+}
+
+// Element e of part row `row` (embed and the prefill matmul dequantize with this).
+fn weight_at(row: u32, e: u32) -> f32 {
+    let i = row * row_slices() + e / 8u;
+    let j = e % 8u;
+    let nibble = (w[i] >> (8u * (j % 4u) + 4u * (j / 4u))) & 0xFu;
+    let field = 4u * (i & 1u) + 2u * (j / 4u);
+    let pair = (w[p.part.region1 + i / 2u] >> (8u * (j % 4u) + field)) & 3u;
+    let scale = extractBits(i32(w[p.part.region2 + i / 8u]), 8u * ((i / 2u) % 4u), 8u);
+    let d = f16_at(p.part.region3, i / 32u);
+    return (d * f32(scale)) * f32(i32(nibble | (pair << 4u)) - 32);
 }

@@ -1,23 +1,27 @@
-// Q8_0 (34 bytes): f16 d, i8 qs[32]; weight = q * d. Part p: elements 8p..8p+8.
-const BLOCK_LEN: u32 = 32u;
-const BLOCK_BYTES: u32 = 34u;
-const PARTS: u32 = 4u;
+// Q8_0, repacked at upload (weights.rs): each q + 128 as an unsigned byte, in two planes of one
+// word per slice: elements 0..4 of every slice, then from word p.part.region1 elements 4..8;
+// then the f16 scales d of the units (blocks) from word region2. weight = d * q.
 
-fn part_dot(blk: u32, part: u32, xi: u32) -> f32 {
-    let d = load_f16(blk);
-    var acc = 0.0;
-    for (var k = 0u; k < 2u; k++) {
-        let qs = i32(load_u32(blk + 2u + 8u * part + 4u * k));
-        let e = 8u * part + 4u * k;
-        for (var j = 0u; j < 4u; j++) {
-            // extractBits on i32 sign-extends: the byte as an i8
-            acc += (f32(extractBits(qs, 8u * j, 8u)) * d) * x[xi + e + j];
-        }
-    }
-    return acc;
+// 2^23 + 128: magic_bytes(q + 128) minus this is q, exactly.
+const Q8_0_BIAS: vec4<f32> = vec4<f32>(8388736.0);
+
+fn slice_x(s: u32) -> array<vec4<f32>, 2> {
+    return x_slice_vec4(s);
 }
 
-// Element e of the block at byte blk (the prefill matmul dequantizes tiles with this).
-fn weight_at(blk: u32, e: u32) -> f32 {
-    return f32(extractBits(i32(load_u8(blk + 2u + e)), 0u, 8u)) * load_f16(blk);
+// Dot of slice s of part row `row` with its activations xs (d factored out of the slice's sum).
+fn slice_dot(row: u32, s: u32, xs: array<vec4<f32>, 2>) -> f32 {
+    let i = row * row_slices() + s;
+    let t = dot_acc(0.0, magic_bytes(w[i]) - Q8_0_BIAS, xs[0]);
+    let u = dot_acc(t, magic_bytes(w[p.part.region1 + i]) - Q8_0_BIAS, xs[1]);
+    return f16_at(p.part.region2, i / 4u) * u;
+}
+
+// Element e of part row `row` (embed and the prefill matmul dequantize with this).
+fn weight_at(row: u32, e: u32) -> f32 {
+    let i = row * row_slices() + e / 8u;
+    let j = e % 8u;
+    let word = w[select(0u, p.part.region1, j >= 4u) + i];
+    let q = (word >> (8u * (j % 4u))) & 0xFFu;
+    return f32(i32(q) - 128) * f16_at(p.part.region2, i / 4u);
 }

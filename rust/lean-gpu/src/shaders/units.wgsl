@@ -1,0 +1,47 @@
+// Shared by every block snippet: the layout of a weight part (weights.rs writes it) and helpers.
+// A slice is 8 consecutive elements of a row, a unit 32 (4 slices). A matvec thread dots one
+// slice's activations (slice_x) with several rows (slice_dot); neighbouring threads take
+// neighbouring slices, so a subgroup's loads of x and of the weights are contiguous.
+// Every skeleton declares the bindings the snippets read: w (weights as words), x and x4
+// (activations as f32 and vec4), and the params p.part (this Layout) and p.cols.
+
+struct Layout {
+    units: u32,     // units per row
+    row_bytes: u32, // bytes per row of a type kept as in the GGUF file
+    region1: u32,   // word offsets of a repacked type's arrays after the first
+    region2: u32,
+    region3: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+const NIBBLES: u32 = 0x0F0F0F0Fu;
+
+// x[8s .. 8s + 8] as two 16-byte loads (rows of whole units: the buffer holds them all).
+fn x_slice_vec4(s: u32) -> array<vec4<f32>, 2> {
+    return array<vec4<f32>, 2>(x4[2u * s], x4[2u * s + 1u]);
+}
+
+// The bytes of v as the f32 values 2^23 + byte, exactly: the byte becomes the low mantissa bits
+// of 2^23 (no int-to-float conversion, which GPUs issue at a fraction of the FMA rate).
+fn magic_bytes(v: u32) -> vec4<f32> {
+    let b = (vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xFFu);
+    return bitcast<vec4<f32>>(b | vec4<u32>(0x4B000000u));
+}
+
+// acc + dot(a, b), as four chained fused multiply-adds.
+fn dot_acc(acc: f32, a: vec4<f32>, b: vec4<f32>) -> f32 {
+    return fma(a.w, b.w, fma(a.z, b.z, fma(a.y, b.y, fma(a.x, b.x, acc))));
+}
+
+// The f16 with index h in the array of f16 that starts at word `region` of w, widened exactly.
+fn f16_at(region: u32, h: u32) -> f32 {
+    let word = w[region + h / 2u] >> ((h & 1u) * 16u);
+    return unpack2x16float(word & 0xFFFFu).x;
+}
+
+// Slices per row.
+fn row_slices() -> u32 {
+    return 4u * p.part.units;
+}
