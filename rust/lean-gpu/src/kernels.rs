@@ -429,9 +429,10 @@ impl Kernels {
 
     /// As `new`, with matvecs that sum their threads' partial dots with subgroupAdd instead of
     /// a tree in workgroup memory; `GpuError::MissingFeatures` unless the device has
-    /// wgpu::Features::SUBGROUP. Not the default: on an H200 (Vulkan, driver 580) it was 3-8%
-    /// faster on most shapes but 3-5x slower on some (Q6_K, some Q8_0 and F32 shapes), where
-    /// the tree never was (examples/gpu_bench.rs measures both).
+    /// wgpu::Features::SUBGROUP. Not the default yet: on an H200 (Vulkan, driver 580) it was
+    /// 3-8% faster on most shapes, and the 3-5x slower cases first seen on some shapes were
+    /// probably GPU clocks ramping up (examples/gpu_bench.rs now warms up; re-measure, and test
+    /// it in browsers, before making it the default).
     pub async fn with_subgroup_matvec(ctx: &GpuContext) -> Result<Self> {
         if !ctx.features().contains(wgpu::Features::SUBGROUP) {
             return Err(GpuError::MissingFeatures("SUBGROUP".into()));
