@@ -159,7 +159,7 @@ impl GpuSession {
         model: &Model,
         context_length: usize,
     ) -> Result<Self> {
-        pollster::block_on(Self::load(ctx, kernels, model, context_length, None))
+        Self::with_binding_limit(ctx, kernels, model, context_length, None)
     }
 
     /// As `new`, splitting every weight matrix into parts of at most `max_part_bytes` (tests
