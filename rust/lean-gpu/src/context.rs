@@ -52,7 +52,11 @@ impl GpuContext {
         if !missing.is_empty() {
             return Err(GpuError::MissingFeatures(format!("{missing:?}")));
         }
-        let features = required | (available & OPTIONAL_FEATURES);
+        let mut optional = OPTIONAL_FEATURES;
+        if crate::profile::requested() {
+            optional |= crate::profile::FEATURES;
+        }
+        let features = required | (available & optional);
         let limits = adapter.limits();
         let descriptor = wgpu::DeviceDescriptor {
             label: Some("lean"),

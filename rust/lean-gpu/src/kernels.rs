@@ -26,6 +26,7 @@ const MATVEC_WORKGROUP: &str = include_str!("shaders/matvec_workgroup.wgsl");
 const MATVEC_SUBGROUP: &str = include_str!("shaders/matvec_subgroup.wgsl");
 const MATMUL: &str = include_str!("shaders/matmul.wgsl");
 const EMBED: &str = include_str!("shaders/embed.wgsl");
+const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
 /// Browsers' WGSL wants subgroups enabled in the shader; naga (native) has no such directive.
 const SUBGROUPS_DIRECTIVE: &str = if cfg!(target_arch = "wasm32") {
     "enable subgroups;\n"
@@ -37,7 +38,7 @@ const MATMUL_TILE: usize = 32;
 /// Rows each matvec thread dots its slices with, and so rows per workgroup (matvec.wgsl:
 /// ROWS_PER_THREAD).
 const MATVEC_ROWS_PER_THREAD: usize = 2;
-/// Threads per workgroup of the element-wise kernels (rope, silu_mul, add).
+/// Threads per workgroup of the element-wise kernels (rope_kv_store, silu_mul, add).
 const ELEMENTWISE_GROUP: u32 = 64;
 
 /// The tensor types with matvec and matmul kernels, and their block decoders.
@@ -88,7 +89,8 @@ struct MatvecParams {
     cols: u32,
     first_row: u32,
     accumulate: u32,
-    pad: [u32; 4],
+    bias: u32,
+    pad: [u32; 3],
 }
 
 #[repr(C)]
@@ -116,14 +118,15 @@ struct RmsNormParams {
 
 #[repr(C)]
 #[derive(Copy, Clone, bytemuck::Pod, bytemuck::Zeroable)]
-struct RopeParams {
+struct RopeKvStoreParams {
     n_tokens: u32,
     n_heads: u32,
+    n_kv_heads: u32,
     head_dim: u32,
     rope_dim: u32,
-    pad0: u32,
     neox: u32,
-    pad: [u32; 2],
+    capacity: u32,
+    cache_offset: u32,
 }
 
 #[repr(C)]
@@ -154,17 +157,6 @@ struct CombineParams {
 
 #[repr(C)]
 #[derive(Copy, Clone, bytemuck::Pod, bytemuck::Zeroable)]
-struct KvStoreParams {
-    n_tokens: u32,
-    kv_dim: u32,
-    head_dim: u32,
-    capacity: u32,
-    cache_offset: u32,
-    pad: [u32; 3],
-}
-
-#[repr(C)]
-#[derive(Copy, Clone, bytemuck::Pod, bytemuck::Zeroable)]
 struct EmbedParams {
     layout: Layout,
     n_tokens: u32,
@@ -190,13 +182,10 @@ pub enum RopePairing {
     Neox,
 }
 
-/// Shape of one rope dispatch: `n_tokens` rows of `n_heads` heads of `head_dim`; the first
-/// token's position comes from the step buffer at run time, and the table covers `positions`.
+/// The rotary embedding: the leading `rope_dim` elements of each head rotate, by a table of
+/// (cos, sin) from `rope_cos_sin` for `positions` positions.
 #[derive(Copy, Clone, Debug)]
-pub struct RopeShape {
-    pub n_tokens: usize,
-    pub n_heads: usize,
-    pub head_dim: usize,
+pub struct Rope {
     pub rope_dim: usize,
     pub positions: usize,
     pub pairing: RopePairing,
@@ -217,19 +206,19 @@ pub struct AttentionShape {
 
 /// Largest head_dim of the attention kernel (attention.wgsl: MAX_HEAD_DIM).
 pub const MAX_HEAD_DIM: usize = 256;
-/// Threads of an attention workgroup: positions per chunk (attention.wgsl: WORKGROUP).
+/// Positions an attention workgroup scores at once (attention.wgsl: CHUNK).
 const ATTENTION_CHUNK: usize = 64;
-/// At most this many splits per (token, head): bounds the partials buffer for long contexts.
-const MAX_ATTENTION_SPLITS: usize = 32;
+/// Workgroups per head the splits of a step's tokens may use together: a decoded token spreads
+/// over up to this many splits, a prefill chunk (already many workgroups) over fewer. Bounds
+/// the partials buffer for long contexts; at most attention_combine.wgsl's MAX_SPLITS (64).
+const ATTENTION_SPLITS_PER_HEAD: usize = 64;
 
 impl AttentionShape {
-    /// (splits, positions per split) of the split-K attention: splits of two chunks, at most
-    /// MAX_ATTENTION_SPLITS of them (longer contexts get longer splits).
+    /// (splits, positions per split) of the split-K attention: splits of one chunk, at most
+    /// ATTENTION_SPLITS_PER_HEAD / n_tokens of them (longer contexts get longer splits).
     fn splits(&self) -> (usize, usize) {
-        let n_splits = self
-            .capacity
-            .div_ceil(2 * ATTENTION_CHUNK)
-            .clamp(1, MAX_ATTENTION_SPLITS);
+        let most = (ATTENTION_SPLITS_PER_HEAD / self.n_tokens.max(1)).max(1);
+        let n_splits = self.capacity.div_ceil(ATTENTION_CHUNK).clamp(1, most);
         let split_len = self
             .capacity
             .div_ceil(n_splits)
@@ -251,8 +240,8 @@ struct StepValues {
     pad: [u32; 3],
 }
 
-/// A uniform buffer with the step values (position of the step's first token), read by rope,
-/// kv_store and attention; rewritten with `set` before each submit of a plan.
+/// A uniform buffer with the step values (position of the step's first token), read by
+/// rope_kv_store and attention; rewritten with `set` before each submit of a plan.
 pub struct StepBuffer {
     buffer: wgpu::Buffer,
 }
@@ -316,24 +305,39 @@ pub struct Kernels {
     matvec_subgroup: Option<MatvecPipelines>,
     matmul: Vec<(TensorType, wgpu::ComputePipeline)>,
     embed: Vec<(TensorType, wgpu::ComputePipeline)>,
-    kv_store: wgpu::ComputePipeline,
     rms_norm: wgpu::ComputePipeline,
-    rope: wgpu::ComputePipeline,
+    rope_kv_store: wgpu::ComputePipeline,
     attention: wgpu::ComputePipeline,
     attention_combine: wgpu::ComputePipeline,
     silu_mul: wgpu::ComputePipeline,
     add: wgpu::ComputePipeline,
+    /// argmax.wgsl's two passes: the first maximum per span, then of the spans.
+    argmax_spans: wgpu::ComputePipeline,
     argmax: wgpu::ComputePipeline,
 }
 
+/// Values per workgroup of argmax's first pass (argmax.wgsl: SPAN).
+const ARGMAX_SPAN: usize = 1024;
+
+/// u32 of the buffer `Kernels::argmax` writes for n values: the index, then a (value, index)
+/// pair per span of ARGMAX_SPAN values.
+pub fn argmax_len(n: usize) -> usize {
+    1 + 2 * n.div_ceil(ARGMAX_SPAN)
+}
+
 fn pipeline(ctx: &GpuContext, label: &str, source: &str) -> wgpu::ComputePipeline {
+    pipeline_at(ctx, label, source, "main")
+}
+
+/// The pipeline of entry point `entry` of the WGSL `source`.
+fn pipeline_at(ctx: &GpuContext, label: &str, source: &str, entry: &str) -> wgpu::ComputePipeline {
     let module = ctx
         .device
         .create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(label),
             source: wgpu::ShaderSource::Wgsl(source.into()),
         });
-    pipeline_of(ctx, label, &module, &[])
+    pipeline_of(ctx, label, &module, entry, &[])
 }
 
 /// A matvec pipeline, compiled without wgpu's runtime checks (clamped indices, loop counters,
@@ -349,7 +353,8 @@ fn pipeline(ctx: &GpuContext, label: &str, source: &str) -> wgpu::ComputePipelin
 /// - x: slices cover `cols` elements (block types: whole units, read as vec4 below cols / 4;
 ///   F32 reads clamp to cols - 1), and `x` holds at least `cols` f32 (checked);
 /// - y: stores go to `first_row + r` for part rows r, below `rows()`, which `y` holds
-///   (checked); the workgroup arrays (256 entries) are indexed below WORKGROUP (at most 256)
+///   (checked), and a bias is read at the same index only when bound (checked to hold
+///   `rows()`; x stands in otherwise and is never read as one); the workgroup arrays (256 entries) are indexed below WORKGROUP (at most 256)
 ///   or by subgroup, below num_subgroups (at most WORKGROUP);
 /// - every loop steps by at least 1 toward a fixed bound, and the only divisions are by
 ///   constants.
@@ -368,15 +373,16 @@ fn matvec_pipelines(ctx: &GpuContext, label: &str, source: &str) -> Vec<wgpu::Co
     };
     MATVEC_WORKGROUP_SIZES
         .iter()
-        .map(|&n| pipeline_of(ctx, label, &module, &[("WORKGROUP", n as f64)]))
+        .map(|&n| pipeline_of(ctx, label, &module, "main", &[("WORKGROUP", n as f64)]))
         .collect()
 }
 
-/// The compute pipeline of `module`'s entry point `main`, with override `constants`.
+/// The compute pipeline of `module`'s `entry` point, with override `constants`.
 fn pipeline_of(
     ctx: &GpuContext,
     label: &str,
     module: &wgpu::ShaderModule,
+    entry: &str,
     constants: &[(&str, f64)],
 ) -> wgpu::ComputePipeline {
     ctx.device
@@ -384,7 +390,7 @@ fn pipeline_of(
             label: Some(label),
             layout: None,
             module,
-            entry_point: Some("main"),
+            entry_point: Some(entry),
             compilation_options: wgpu::PipelineCompilationOptions {
                 constants,
                 ..Default::default()
@@ -480,9 +486,12 @@ impl Kernels {
             matvec_subgroup,
             matmul: per_type("matmul", MATMUL),
             embed: per_type("embed", EMBED),
-            kv_store: pipeline(ctx, "kv_store", include_str!("shaders/kv_store.wgsl")),
             rms_norm: pipeline(ctx, "rms_norm", include_str!("shaders/rms_norm.wgsl")),
-            rope: pipeline(ctx, "rope", include_str!("shaders/rope.wgsl")),
+            rope_kv_store: pipeline(
+                ctx,
+                "rope_kv_store",
+                include_str!("shaders/rope_kv_store.wgsl"),
+            ),
             attention: pipeline(ctx, "attention", include_str!("shaders/attention.wgsl")),
             attention_combine: pipeline(
                 ctx,
@@ -491,7 +500,8 @@ impl Kernels {
             ),
             silu_mul: pipeline(ctx, "silu_mul", include_str!("shaders/silu_mul.wgsl")),
             add: pipeline(ctx, "add", include_str!("shaders/add.wgsl")),
-            argmax: pipeline(ctx, "argmax", include_str!("shaders/argmax.wgsl")),
+            argmax_spans: pipeline_at(ctx, "argmax_spans", ARGMAX, "spans"),
+            argmax: pipeline(ctx, "argmax", ARGMAX),
         };
         match scope.pop().await {
             Some(e) => Err(GpuError::Shader(e.to_string())),
@@ -504,6 +514,7 @@ impl Kernels {
     fn dispatch<P: bytemuck::Pod>(
         ctx: &GpuContext,
         plan: &mut Plan,
+        name: String,
         pipeline: &wgpu::ComputePipeline,
         params: &P,
         buffers: &[&wgpu::Buffer],
@@ -538,7 +549,7 @@ impl Kernels {
             layout: &pipeline.get_bind_group_layout(0),
             entries: &entries,
         });
-        plan.push_dispatch(pipeline, bind_group, uniform, (x, y));
+        plan.push_dispatch(name, pipeline, bind_group, uniform, (x, y));
         Ok(())
     }
 
@@ -552,7 +563,20 @@ impl Kernels {
         x: &wgpu::Buffer,
         y: &wgpu::Buffer,
     ) -> Result<()> {
-        self.matvec_into(ctx, plan, m, x, y, false)
+        self.matvec_into(ctx, plan, m, x, y, false, None)
+    }
+
+    /// y = W·x + bias: matvec with a bias add fused in (the same f32 rounding as a separate add).
+    pub fn matvec_bias(
+        &self,
+        ctx: &GpuContext,
+        plan: &mut Plan,
+        m: &GpuMatrix,
+        x: &wgpu::Buffer,
+        bias: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+    ) -> Result<()> {
+        self.matvec_into(ctx, plan, m, x, y, false, Some(bias))
     }
 
     /// y += W·x: matvec with the residual add fused in (the same f32 rounding as a separate add).
@@ -564,9 +588,10 @@ impl Kernels {
         x: &wgpu::Buffer,
         y: &wgpu::Buffer,
     ) -> Result<()> {
-        self.matvec_into(ctx, plan, m, x, y, true)
+        self.matvec_into(ctx, plan, m, x, y, true, None)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn matvec_into(
         &self,
         ctx: &GpuContext,
@@ -575,9 +600,13 @@ impl Kernels {
         x: &wgpu::Buffer,
         y: &wgpu::Buffer,
         accumulate: bool,
+        bias: Option<&wgpu::Buffer>,
     ) -> Result<()> {
         check_len("matvec x", x, m.cols())?;
         check_len("matvec y", y, m.rows())?;
+        if let Some(b) = bias {
+            check_len("matvec bias", b, m.rows())?;
+        }
         // Workgroups of the first part, the largest: parts are dispatched one after another.
         let workgroups = m.parts()[0].rows.div_ceil(MATVEC_ROWS_PER_THREAD);
         let size = matvec_size_index(m.slices(), workgroups);
@@ -597,13 +626,17 @@ impl Kernels {
                 cols: u32_arg("cols", m.cols())?,
                 first_row: u32_arg("first row", part.first_row)?,
                 accumulate: accumulate as u32,
-                pad: [0; 4],
+                bias: bias.is_some() as u32,
+                pad: [0; 3],
             };
             let groups = u32_arg(
                 "matvec workgroups",
                 part.rows.div_ceil(MATVEC_ROWS_PER_THREAD),
             )?;
-            Self::dispatch(ctx, plan, pipeline, &params, &[&part.buffer, x, y], groups)?;
+            let name = format!("matvec {} {}x{}", m.ty(), part.rows, m.cols());
+            // Without a bias, x is bound in its place (read-only, never read as a bias).
+            let buffers = [&part.buffer, x, y, bias.unwrap_or(x)];
+            Self::dispatch(ctx, plan, name, pipeline, &params, &buffers, groups)?;
         }
         Ok(())
     }
@@ -670,7 +703,16 @@ impl Kernels {
                 "matmul workgroups",
                 row_tiles * n_tokens.div_ceil(MATMUL_TILE),
             )?;
-            Self::dispatch(ctx, plan, pipeline, &params, &[&part.buffer, x, y], groups)?;
+            let name = format!("matmul {} {}x{}", m.ty(), part.rows, m.cols());
+            Self::dispatch(
+                ctx,
+                plan,
+                name,
+                pipeline,
+                &params,
+                &[&part.buffer, x, y],
+                groups,
+            )?;
         }
         Ok(())
     }
@@ -700,6 +742,7 @@ impl Kernels {
         Self::dispatch(
             ctx,
             plan,
+            "rms_norm".into(),
             &self.rms_norm,
             &params,
             &[x, weight, out],
@@ -707,87 +750,59 @@ impl Kernels {
         )
     }
 
-    /// Rotates `x` in place (`n_tokens × n_heads × head_dim`, the first token at the step's
-    /// position) with a table from `rope_cos_sin` for `s.positions` positions as `cos_sin`.
-    pub fn rope(
-        &self,
-        ctx: &GpuContext,
-        plan: &mut Plan,
-        step: &StepBuffer,
-        x: &wgpu::Buffer,
-        cos_sin: &wgpu::Buffer,
-        s: RopeShape,
-    ) -> Result<()> {
-        if !s.rope_dim.is_multiple_of(2) || s.rope_dim > s.head_dim {
-            return Err(GpuError::Shape(format!(
-                "rope_dim {} must be even and at most head_dim {}",
-                s.rope_dim, s.head_dim
-            )));
-        }
-        let half = s.rope_dim / 2;
-        check_len("rope x", x, s.n_tokens * s.n_heads * s.head_dim)?;
-        check_len("rope table", cos_sin, s.positions * half * 2)?;
-        let params = RopeParams {
-            n_tokens: u32_arg("tokens", s.n_tokens)?,
-            n_heads: u32_arg("heads", s.n_heads)?,
-            head_dim: u32_arg("head_dim", s.head_dim)?,
-            rope_dim: u32_arg("rope_dim", s.rope_dim)?,
-            pad0: 0,
-            neox: (s.pairing == RopePairing::Neox) as u32,
-            pad: [0; 2],
-        };
-        let groups = u32_arg(
-            "rope workgroups",
-            (s.n_tokens * s.n_heads * half).div_ceil(ELEMENTWISE_GROUP as usize),
-        )?;
-        Self::dispatch(
-            ctx,
-            plan,
-            &self.rope,
-            &params,
-            &[step.buffer(), x, cos_sin],
-            groups,
-        )
-    }
-
-    /// Writes `n_tokens` tokens' keys `k` and values `v` (each n_tokens × n_kv_heads × head_dim)
-    /// into the cache buffers at the step's position; the layer starts at `cache_offset`.
+    /// The step's tokens enter attention: rotates the queries `q` in place (`s.n_tokens ×
+    /// s.n_heads × head_dim`, the first token at the step's position) and writes the keys `k`
+    /// (rotated) and values `v` (each n_tokens × n_kv_heads × head_dim) into the cache buffers
+    /// at the step's position; the layer starts at `s.cache_offset`. `cos_sin` is the table of
+    /// `rope`. The caller keeps the positions within both the table and the cache.
     #[allow(clippy::too_many_arguments)]
-    pub fn kv_store(
+    pub fn rope_kv_store(
         &self,
         ctx: &GpuContext,
         plan: &mut Plan,
         step: &StepBuffer,
-        k: &wgpu::Buffer,
-        v: &wgpu::Buffer,
-        keys: &wgpu::Buffer,
-        values: &wgpu::Buffer,
+        q: &wgpu::Buffer,
+        (k, v): (&wgpu::Buffer, &wgpu::Buffer),
+        (keys, values): (&wgpu::Buffer, &wgpu::Buffer),
+        (cos_sin, rope): (&wgpu::Buffer, Rope),
         s: AttentionShape,
     ) -> Result<()> {
+        if !rope.rope_dim.is_multiple_of(2) || rope.rope_dim > s.head_dim {
+            return Err(GpuError::Shape(format!(
+                "rope_dim {} must be even and at most head_dim {}",
+                rope.rope_dim, s.head_dim
+            )));
+        }
         let kv_dim = s.n_kv_heads * s.head_dim;
         let cache_end = s.cache_offset + kv_dim * s.capacity;
+        check_len("rope q", q, s.n_tokens * s.n_heads * s.head_dim)?;
         check_len("kv_store k", k, s.n_tokens * kv_dim)?;
         check_len("kv_store v", v, s.n_tokens * kv_dim)?;
         check_len("kv_store keys", keys, cache_end)?;
         check_len("kv_store values", values, cache_end)?;
-        let params = KvStoreParams {
+        check_len("rope table", cos_sin, rope.positions * rope.rope_dim)?;
+        let params = RopeKvStoreParams {
             n_tokens: u32_arg("tokens", s.n_tokens)?,
-            kv_dim: u32_arg("kv dim", kv_dim)?,
+            n_heads: u32_arg("heads", s.n_heads)?,
+            n_kv_heads: u32_arg("kv heads", s.n_kv_heads)?,
             head_dim: u32_arg("head_dim", s.head_dim)?,
+            rope_dim: u32_arg("rope_dim", rope.rope_dim)?,
+            neox: (rope.pairing == RopePairing::Neox) as u32,
             capacity: u32_arg("capacity", s.capacity)?,
             cache_offset: u32_arg("cache offset", s.cache_offset)?,
-            pad: [0; 3],
         };
+        let per_token = s.n_heads * rope.rope_dim / 2 + 2 * kv_dim;
         let groups = u32_arg(
-            "kv_store workgroups",
-            (s.n_tokens * kv_dim).div_ceil(ELEMENTWISE_GROUP as usize),
+            "rope_kv_store workgroups",
+            (s.n_tokens * per_token).div_ceil(ELEMENTWISE_GROUP as usize),
         )?;
         Self::dispatch(
             ctx,
             plan,
-            &self.kv_store,
+            "rope_kv_store".into(),
+            &self.rope_kv_store,
             &params,
-            &[step.buffer(), k, v, keys, values],
+            &[step.buffer(), q, k, v, keys, values, cos_sin],
             groups,
         )
     }
@@ -848,6 +863,7 @@ impl Kernels {
         Self::dispatch(
             ctx,
             plan,
+            "attention".into(),
             &self.attention,
             &params,
             &[step.buffer(), q, keys, values, partials],
@@ -865,6 +881,7 @@ impl Kernels {
         Self::dispatch(
             ctx,
             plan,
+            "attention_combine".into(),
             &self.attention_combine,
             &combine,
             &[step.buffer(), partials, out],
@@ -906,6 +923,7 @@ impl Kernels {
             Self::dispatch(
                 ctx,
                 plan,
+                format!("embed {}", m.ty()),
                 pipeline,
                 &params,
                 &[&part.buffer, ids, out],
@@ -940,6 +958,7 @@ impl Kernels {
         Self::dispatch(
             ctx,
             plan,
+            "silu_mul".into(),
             &self.silu_mul,
             &params,
             &[gate, up, out],
@@ -972,6 +991,7 @@ impl Kernels {
         Self::dispatch(
             ctx,
             plan,
+            "add".into(),
             &self.add,
             &params,
             &[x, y],
@@ -979,7 +999,8 @@ impl Kernels {
         )
     }
 
-    /// result[0] = index of the largest of the first n values (the first on ties).
+    /// result[0] = index of the largest of the first n values (the first on ties); `result`
+    /// holds `argmax_len(n)` u32 (the rest is the first pass's scratch).
     pub fn argmax(
         &self,
         ctx: &GpuContext,
@@ -992,12 +1013,32 @@ impl Kernels {
             return Err(GpuError::Shape("argmax of no values".into()));
         }
         check_len("argmax values", values, n)?;
-        check_len("argmax result", result, 1)?;
+        check_len("argmax result", result, argmax_len(n))?;
+        let spans = n.div_ceil(ARGMAX_SPAN);
         let params = CountParams {
             n: u32_arg("n", n)?,
-            extra: 0,
+            extra: u32_arg("spans", spans)?,
             pad: [0; 2],
         };
-        Self::dispatch(ctx, plan, &self.argmax, &params, &[values, result], 1)
+        let name = "argmax spans".into();
+        let groups = u32_arg("argmax spans", spans)?;
+        Self::dispatch(
+            ctx,
+            plan,
+            name,
+            &self.argmax_spans,
+            &params,
+            &[values, result],
+            groups,
+        )?;
+        Self::dispatch(
+            ctx,
+            plan,
+            "argmax".into(),
+            &self.argmax,
+            &params,
+            &[result],
+            1,
+        )
     }
 }

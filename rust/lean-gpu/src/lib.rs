@@ -7,6 +7,7 @@ mod context;
 mod error;
 mod kernels;
 mod plan;
+mod profile;
 mod session;
 mod stream;
 mod weights;
@@ -14,8 +15,8 @@ mod weights;
 pub use context::GpuContext;
 pub use error::{GpuError, Result};
 pub use kernels::{
-    matvec_supports, rope_cos_sin, AttentionShape, Kernels, RopePairing, RopeShape, StepBuffer,
-    MAX_HEAD_DIM,
+    argmax_len, matvec_supports, rope_cos_sin, AttentionShape, Kernels, Rope, RopePairing,
+    StepBuffer, MAX_HEAD_DIM,
 };
 pub use plan::Plan;
 pub use session::{GpuModel, GpuSession};

@@ -7,6 +7,8 @@ use crate::context::GpuContext;
 
 enum Command {
     Dispatch {
+        /// What the dispatch computes, e.g. "matvec Q4_0 896x4864" (for profiles).
+        name: String,
         pipeline: wgpu::ComputePipeline,
         bind_group: wgpu::BindGroup,
         groups: (u32, u32),
@@ -42,12 +44,14 @@ impl Plan {
 
     pub(crate) fn push_dispatch(
         &mut self,
+        name: String,
         pipeline: &wgpu::ComputePipeline,
         bind_group: wgpu::BindGroup,
         params: wgpu::Buffer,
         groups: (u32, u32),
     ) {
         self.commands.push(Command::Dispatch {
+            name,
             pipeline: pipeline.clone(),
             bind_group,
             groups,
@@ -75,7 +79,32 @@ impl Plan {
 
     /// Records the plan into `encoder`: consecutive dispatches share one compute pass.
     pub fn encode(&self, encoder: &mut wgpu::CommandEncoder) {
+        self.encode_with(encoder, None);
+    }
+
+    /// Timestamps `encode_profiled` writes: one before each dispatch and one after the last.
+    pub fn timestamps(&self) -> u32 {
+        self.dispatch_names().count() as u32 + 1
+    }
+
+    /// The dispatches' names, in order.
+    pub fn dispatch_names(&self) -> impl Iterator<Item = &str> {
+        self.commands.iter().filter_map(|c| match c {
+            Command::Dispatch { name, .. } => Some(name.as_str()),
+            Command::Copy { .. } => None,
+        })
+    }
+
+    /// As `encode`, writing timestamp i into `set` before dispatch i and a last one after all
+    /// of them (needs TIMESTAMP_QUERY_INSIDE_PASSES): dispatch i took from timestamp i to i + 1,
+    /// its wait for the one before included.
+    pub fn encode_profiled(&self, encoder: &mut wgpu::CommandEncoder, set: &wgpu::QuerySet) {
+        self.encode_with(encoder, Some(set));
+    }
+
+    fn encode_with(&self, encoder: &mut wgpu::CommandEncoder, timestamps: Option<&wgpu::QuerySet>) {
         let mut i = 0;
+        let mut dispatched = 0;
         while i < self.commands.len() {
             if let Command::Copy {
                 src,
@@ -97,13 +126,25 @@ impl Plan {
                 pipeline,
                 bind_group,
                 groups,
+                ..
             }) = self.commands.get(i)
             {
+                if let Some(set) = timestamps {
+                    pass.write_timestamp(set, dispatched);
+                }
                 pass.set_pipeline(pipeline);
                 pass.set_bind_group(0, bind_group, &[]);
                 pass.dispatch_workgroups(groups.0, groups.1, 1);
+                dispatched += 1;
                 i += 1;
             }
+            if let (Some(set), true) = (timestamps, i == self.commands.len()) {
+                pass.write_timestamp(set, dispatched);
+            }
+        }
+        if let (Some(set), Some(Command::Copy { .. })) = (timestamps, self.commands.last()) {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            pass.write_timestamp(set, dispatched);
         }
     }
 

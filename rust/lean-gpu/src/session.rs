@@ -7,8 +7,9 @@
 //! logits. The decode plan (one token) is recorded once; prefill plans per chunk size.
 use crate::context::{GpuContext, MapRequest};
 use crate::error::{GpuError, Result};
-use crate::kernels::{AttentionShape, Kernels, RopePairing, RopeShape, StepBuffer};
+use crate::kernels::{AttentionShape, Kernels, Rope, RopePairing, StepBuffer};
 use crate::plan::Plan;
+use crate::profile::Profiler;
 use crate::weights::GpuMatrix;
 use lean::config::{ModelConfig, RopeStyle};
 use lean::model::Matrix;
@@ -102,6 +103,16 @@ pub struct GpuSession {
     /// Set while a decode pass queued ahead (`decode_argmax` with `queue_next`) runs this id,
     /// read back by the previous call: its result is the last entry of `decoded.pending`.
     ahead: Option<u32>,
+    /// LEAN_GPU_PROFILE: GPU time per dispatch, printed when the session ends.
+    profiler: Option<Profiler>,
+}
+
+impl Drop for GpuSession {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profiler {
+            eprint!("{}", p.report());
+        }
+    }
 }
 
 /// The ids that greedy decode passes produce, on their way back: each pass copies its argmax
@@ -278,15 +289,21 @@ impl GpuSession {
         let table = lean::cpu::ops::RopeTable::new(&c, context_length);
         let rope_table = ctx.upload_f32("rope cos/sin", table.cos_sin_pairs().as_flattened());
         let n = PREFILL_CHUNK;
-        let partials_len = AttentionShape {
-            n_heads: c.n_heads,
-            n_kv_heads: c.n_kv_heads,
-            head_dim: c.head_dim,
-            n_tokens: n,
-            capacity: context_length,
-            cache_offset: 0,
-        }
-        .partials_len();
+        // Steps of fewer tokens split each head more: the scratch fits the largest.
+        let partials_len = (1..=n)
+            .map(|n_tokens| {
+                AttentionShape {
+                    n_heads: c.n_heads,
+                    n_kv_heads: c.n_kv_heads,
+                    head_dim: c.head_dim,
+                    n_tokens,
+                    capacity: context_length,
+                    cache_offset: 0,
+                }
+                .partials_len()
+            })
+            .max()
+            .unwrap_or(0);
         let act = Activations {
             ids: ctx.storage_f32("ids", n),
             x: ctx.storage_f32("x", n * c.n_embd),
@@ -302,7 +319,7 @@ impl GpuSession {
             last: ctx.storage_f32("last", c.n_embd),
             logits: ctx.storage_f32("logits", c.vocab_size),
             logits_all: None,
-            argmax: ctx.storage_f32("argmax", 1),
+            argmax: ctx.storage_f32("argmax", crate::kernels::argmax_len(c.vocab_size)),
         };
         if let Some(e) = scope.pop().await {
             return Err(GpuError::Device(format!(
@@ -324,6 +341,7 @@ impl GpuSession {
             decode_plan: None,
             decoded: DecodedIds::new(&ctx_for_ids),
             ahead: None,
+            profiler: Profiler::from_env(&ctx_for_ids),
         })
     }
 
@@ -357,10 +375,7 @@ impl GpuSession {
             RopeStyle::Interleaved => RopePairing::Interleaved,
             RopeStyle::Neox => RopePairing::Neox,
         };
-        let rope = |n_heads| RopeShape {
-            n_tokens: n,
-            n_heads,
-            head_dim: hd,
+        let rope = Rope {
             rope_dim: c.rope_dim,
             positions: self.capacity,
             pairing,
@@ -382,29 +397,26 @@ impl GpuSession {
                 (&l.wk, &l.bk, &a.k, kvd),
                 (&l.wv, &l.bv, &a.v, kvd),
             ] {
-                self.linear(&mut p, m, &a.h, y, n, false)?;
-                if let Some(b) = b {
-                    k.add(ctx, &mut p, y, b, n * len, len)?;
+                match (n, b) {
+                    // one token: the bias add fused into the matvec
+                    (1, Some(b)) => k.matvec_bias(ctx, &mut p, m, &a.h, b, y)?,
+                    _ => {
+                        self.linear(&mut p, m, &a.h, y, n, false)?;
+                        if let Some(b) = b {
+                            k.add(ctx, &mut p, y, b, n * len, len)?;
+                        }
+                    }
                 }
             }
-            k.rope(
+            k.rope_kv_store(
                 ctx,
                 &mut p,
                 &self.step,
                 &a.q,
-                &self.rope_table,
-                rope(c.n_heads),
-            )?;
-            k.rope(
-                ctx,
-                &mut p,
-                &self.step,
-                &a.k,
-                &self.rope_table,
-                rope(c.n_kv_heads),
-            )?;
-            k.kv_store(
-                ctx, &mut p, &self.step, &a.k, &a.v, &l.keys, &l.values, attention,
+                (&a.k, &a.v),
+                (&l.keys, &l.values),
+                (&self.rope_table, rope),
+                attention,
             )?;
             k.attention(
                 ctx,
@@ -498,7 +510,7 @@ impl GpuSession {
                     t.elapsed() - submitted
                 );
             } else {
-                plan.submit(&self.ctx);
+                Self::submit_plan(&self.ctx, &mut self.profiler, plan, "decode");
             }
         } else {
             if output == Output::All && self.act.logits_all.is_none() {
@@ -507,11 +519,28 @@ impl GpuSession {
                         .storage_f32("logits (all)", PREFILL_CHUNK * self.model.config.vocab_size),
                 );
             }
-            self.record(n, output)?.submit(&self.ctx);
+            let plan = self.record(n, output)?;
+            let phase = format!("prefill chunk of {n}");
+            Self::submit_plan(&self.ctx, &mut self.profiler, &plan, &phase);
         }
         self.ctx.take_error()?;
         self.pos += n;
         Ok(())
+    }
+
+    /// Submits `plan` in a command buffer of its own (profiled, and then waited for, when the
+    /// session profiles).
+    fn submit_plan(ctx: &GpuContext, profiler: &mut Option<Profiler>, plan: &Plan, phase: &str) {
+        let Some(profiler) = profiler else {
+            plan.submit(ctx);
+            return;
+        };
+        let mut encoder = ctx.device.create_command_encoder(&Default::default());
+        let profiled = profiler.encode(plan, &mut encoder);
+        ctx.queue.submit([encoder.finish()]);
+        if let Some(n) = profiled {
+            profiler.collect(ctx, phase, plan, n);
+        }
     }
 
     /// Waits for the submitted work and resolves a readback, blocking this thread (natively).
@@ -609,10 +638,19 @@ impl GpuSession {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("lean decode"),
             });
-        plan.encode(&mut encoder);
+        let profiled = match &self.profiler {
+            Some(profiler) => profiler.encode(plan, &mut encoder),
+            None => {
+                plan.encode(&mut encoder);
+                None
+            }
+        };
         encoder.copy_buffer_to_buffer(&self.act.argmax, 0, &self.act.ids, 0, 4);
         encoder.copy_buffer_to_buffer(&self.act.argmax, 0, &self.decoded.staging[slot], 0, 4);
         let submission = self.ctx.queue.submit([encoder.finish()]);
+        if let (Some(profiler), Some(n)) = (self.profiler.as_mut(), profiled) {
+            profiler.collect(&self.ctx, "decode", plan, n);
+        }
         let map = self.ctx.request_map(&self.decoded.staging[slot]);
         self.decoded.pending.push_back(PendingId {
             slot,

@@ -9,8 +9,8 @@
 use half::f16;
 use lean_gpu::wgpu;
 use lean_gpu::{
-    rope_cos_sin, AttentionShape, GpuContext, GpuError, GpuMatrix, Kernels, Plan, RopePairing,
-    RopeShape, StepBuffer,
+    argmax_len, rope_cos_sin, AttentionShape, GpuContext, GpuError, GpuMatrix, Kernels, Plan, Rope,
+    RopePairing, StepBuffer,
 };
 use lean_quant::{scalar, TensorType};
 use std::sync::OnceLock;
@@ -380,6 +380,35 @@ fn linear_add_fuses_the_residual() {
     }
 }
 
+/// matvec_bias equals matvec then add, bit for bit, on a matrix split into parts (the bias of
+/// each part's rows) and for each type's pipeline.
+#[test]
+fn matvec_bias_fuses_the_bias_add() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut rng = Rng(181);
+    for (ty, rows, cols) in [(TensorType::Q4_0, 45, 96), (TensorType::Q8_0, 130, 64)] {
+        let w = random_matrix(&mut rng, ty, rows, cols);
+        let part_rows = 20;
+        let part = (ty.row_bytes(cols).unwrap() * part_rows) as u64;
+        let m = GpuMatrix::upload_split(ctx, ty, rows, cols, &w, part).unwrap();
+        assert_eq!(m.parts().len(), rows.div_ceil(part_rows));
+        let x = ctx.upload_f32("x", &rng.floats(cols, 1.0));
+        let bias = rng.floats(rows, 3.0);
+        let b = ctx.upload_f32("bias", &bias);
+        let (plain, fused) = (
+            ctx.storage_f32("plain", rows),
+            ctx.storage_f32("fused", rows),
+        );
+        submit(ctx, |p| {
+            kernels.matvec(ctx, p, &m, &x, &plain)?;
+            kernels.matvec_bias(ctx, p, &m, &x, &b, &fused)
+        });
+        let product = read_f32(ctx, &plain, rows);
+        let want: Vec<f32> = product.iter().zip(&bias).map(|(p, b)| p + b).collect();
+        assert_eq!(read_f32(ctx, &fused, rows), want, "{ty}");
+    }
+}
+
 #[test]
 fn matvec_rejects_bad_input_without_panicking() {
     let Some((ctx, kernels)) = gpu() else { return };
@@ -455,12 +484,12 @@ fn rms_norm_matches_hf() {
 }
 
 /// The CPU backend's rotation (lean's RopeTable::apply) on one token's heads.
-fn rope_reference(x: &mut [f32], table: &[[f32; 2]], s: RopeShape, pos: usize) {
-    let half = s.rope_dim / 2;
+fn rope_reference(x: &mut [f32], table: &[[f32; 2]], rope: Rope, head_dim: usize, pos: usize) {
+    let half = rope.rope_dim / 2;
     let row = &table[pos * half..][..half];
-    for head in x.chunks_exact_mut(s.head_dim) {
+    for head in x.chunks_exact_mut(head_dim) {
         for (i, &[cos, sin]) in row.iter().enumerate() {
-            let (a, b) = match s.pairing {
+            let (a, b) = match rope.pairing {
                 RopePairing::Interleaved => (2 * i, 2 * i + 1),
                 RopePairing::Neox => (i, i + half),
             };
@@ -471,61 +500,118 @@ fn rope_reference(x: &mut [f32], table: &[[f32; 2]], s: RopeShape, pos: usize) {
     }
 }
 
+/// rope_kv_store: queries rotated in place, keys rotated into the cache (second layer of two),
+/// values copied, every other cache entry untouched.
 #[test]
-fn rope_matches_cpu_for_both_pairings() {
+fn rope_kv_store_matches_cpu_for_both_pairings() {
     let Some((ctx, kernels)) = gpu() else { return };
     let mut rng = Rng(80);
     for pairing in [RopePairing::Interleaved, RopePairing::Neox] {
         // full rotation; a partial one (rope_dim < head_dim) leaves the tail untouched
         for (head_dim, rope_dim) in [(64, 64), (48, 32)] {
-            let pos0 = 1000;
-            let s = RopeShape {
-                n_tokens: 3,
-                n_heads: 5,
-                head_dim,
+            let (n_tokens, n_heads, n_kv_heads, pos0) = (3, 6, 2, 1000);
+            let capacity = pos0 + 5;
+            let rope = Rope {
                 rope_dim,
-                positions: pos0 + 3,
+                positions: capacity,
                 pairing,
             };
-            let table = rope_cos_sin(rope_dim, 10000.0, 1.0, s.positions);
+            let kv_dim = n_kv_heads * head_dim;
+            let s = AttentionShape {
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                n_tokens,
+                capacity,
+                cache_offset: kv_dim * capacity,
+            };
+            let table = rope_cos_sin(rope_dim, 10000.0, 1.0, capacity);
             let step = StepBuffer::new(ctx);
             step.set(ctx, pos0).unwrap();
-            let x = rng.floats(s.n_tokens * s.n_heads * head_dim, 2.0);
-            let xb = ctx.upload_f32("x", &x);
+            let q = rng.floats(n_tokens * n_heads * head_dim, 2.0);
+            let k = rng.floats(n_tokens * kv_dim, 2.0);
+            let v = rng.floats(n_tokens * kv_dim, 2.0);
+            let mut keys = rng.floats(2 * kv_dim * capacity, 1.0);
+            let mut values = rng.floats(2 * kv_dim * capacity, 1.0);
+            let bufs: Vec<_> = [&q, &k, &v, &keys, &values]
+                .iter()
+                .map(|d| ctx.upload_f32("data", d))
+                .collect();
             let tb = ctx.upload_f32("cos_sin", table.as_flattened());
-            submit(ctx, |e| kernels.rope(ctx, e, &step, &xb, &tb, s));
-            let got = read_f32(ctx, &xb, x.len());
-            let mut want = x.clone();
-            for (t, row) in want.chunks_exact_mut(s.n_heads * head_dim).enumerate() {
-                rope_reference(row, &table, s, pos0 + t);
-            }
-            for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
-                // one rounding of a two-term sum (a fused multiply-add may skip one)
-                assert!(
-                    (g - w).abs() <= 1e-6 * 4.0,
-                    "{pairing:?} {head_dim}/{rope_dim} [{i}]: {g} vs {w}"
+            submit(ctx, |e| {
+                kernels.rope_kv_store(
+                    ctx,
+                    e,
+                    &step,
+                    &bufs[0],
+                    (&bufs[1], &bufs[2]),
+                    (&bufs[3], &bufs[4]),
+                    (&tb, rope),
+                    s,
+                )
+            });
+            let mut want_q = q.clone();
+            let mut want_k = k.clone();
+            for t in 0..n_tokens {
+                let pos = pos0 + t;
+                rope_reference(
+                    &mut want_q[t * n_heads * head_dim..][..n_heads * head_dim],
+                    &table,
+                    rope,
+                    head_dim,
+                    pos,
                 );
+                rope_reference(
+                    &mut want_k[t * kv_dim..][..kv_dim],
+                    &table,
+                    rope,
+                    head_dim,
+                    pos,
+                );
+                for j in 0..kv_dim {
+                    let at = s.cache_offset
+                        + ((j / head_dim) * capacity + pos) * head_dim
+                        + j % head_dim;
+                    keys[at] = want_k[t * kv_dim + j];
+                    values[at] = v[t * kv_dim + j];
+                }
             }
+            // one rounding of a two-term sum (a fused multiply-add may skip one)
+            let close = |what: &str, got: &[f32], want: &[f32]| {
+                for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-6 * 4.0,
+                        "{what} {pairing:?} {head_dim}/{rope_dim} [{i}]: {g} vs {w}"
+                    );
+                }
+            };
+            close("q", &read_f32(ctx, &bufs[0], q.len()), &want_q);
+            close("keys", &read_f32(ctx, &bufs[3], keys.len()), &keys);
+            assert_eq!(read_f32(ctx, &bufs[4], values.len()), values, "values");
         }
     }
 }
 
 /// Causal attention of `n_tokens` new tokens at positions pos0.. (keys/values already in the
-/// cache, second layer of two when `layers` is 2) against an f64 softmax reference, through
-/// kv_store (the new tokens' k/v are written by the kernel) and attention.
+/// cache, second layer of two) against an f64 softmax reference, through rope_kv_store
+/// (storing the new tokens' k/v, rope_dim 0: no rotation) and attention.
 #[test]
 fn attention_matches_causal_softmax_reference() {
     let Some((ctx, kernels)) = gpu() else { return };
     let mut rng = Rng(90);
     // decode at position 0; a GQA group of 3 with a prefill chunk after cached positions; more
-    // positions than the 64-thread chunk; head_dim 128
-    // (splits: 1 of 64 positions; 1; 3 of 128; 1 of 128; 32 of 192 when the context is long)
+    // positions than the 64-position chunk; head_dim 128; head_dim 80 (value groups of 80
+    // threads, 16 idle) and 256 (one group)
+    // (splits: 1 of 64 positions; 1 of 64; 5 of 64; 1 of 128; 21 of 320 when the context is
+    // long; 4 of 64; 1 of 64)
     for (n_heads, n_kv_heads, head_dim, n_tokens, pos0, capacity) in [
         (2, 2, 64, 1, 0, 8),
         (6, 2, 64, 5, 32, 40),
         (4, 1, 32, 1, 299, 301),
         (4, 2, 128, 70, 3, 80),
         (2, 1, 64, 3, 700, 6000),
+        (3, 1, 80, 1, 200, 201),
+        (2, 2, 256, 2, 10, 20),
     ] {
         let kv_dim = n_kv_heads * head_dim;
         let s = AttentionShape {
@@ -555,8 +641,15 @@ fn attention_matches_causal_softmax_reference() {
         let partials = ctx.storage_f32("partials", s.partials_len());
         let step = StepBuffer::new(ctx);
         step.set(ctx, pos0).unwrap();
+        let no_rope = Rope {
+            rope_dim: 0,
+            positions: capacity,
+            pairing: RopePairing::Neox,
+        };
+        let table = ctx.storage_f32("no table", 4);
         submit(ctx, |p| {
-            kernels.kv_store(ctx, p, &step, &knb, &vnb, &kb, &vb, s)?;
+            let kv = (&knb, &vnb);
+            kernels.rope_kv_store(ctx, p, &step, &qb, kv, (&kb, &vb), (&table, no_rope), s)?;
             kernels.attention(ctx, p, &step, &qb, &kb, &vb, &partials, &ob, s)
         });
         let got = read_f32(ctx, &ob, n_tokens * n_heads * head_dim);
@@ -692,13 +785,22 @@ fn add_residual_and_bias_are_exact() {
 fn argmax_takes_the_first_maximum() {
     let Some((ctx, kernels)) = gpu() else { return };
     let mut rng = Rng(120);
-    let result = ctx.storage_f32("argmax", 1);
+    let result = ctx.storage_f32("argmax", argmax_len(151_936));
     let mut cases: Vec<(Vec<f32>, u32)> = vec![(vec![-3.0], 0), (vec![1.0, 7.0, 7.0], 1)];
     let mut big = rng.floats(151_936, 30.0);
-    // ties in different threads' strides: the lower index wins
+    // ties in different threads' strides and spans: the lower index wins
     big[1234] = 99.0;
     big[100_000] = 99.0;
-    cases.push((big, 1234));
+    cases.push((big.clone(), 1234));
+    // ties inside one thread's stride, and in the first pass's last (partial) span
+    let mut tail = big.clone();
+    tail[1234] = 0.0;
+    tail[100_000] = 0.0;
+    tail[151_900] = 99.5;
+    tail[151_900 - 256] = 99.5;
+    cases.push((tail, 151_900 - 256));
+    // every value equal: index 0
+    cases.push((vec![2.5; 5000], 0));
     let mut late = rng.floats(49_152, 30.0);
     late[49_151] = 31.0;
     cases.push((late, 49_151));
@@ -724,16 +826,30 @@ fn shape_errors_are_typed() {
     let mut plan = Plan::new();
     let b = ctx.storage_f32("b", 4096);
     let step = StepBuffer::new(ctx);
-    let odd = RopeShape {
-        n_tokens: 1,
-        n_heads: 1,
-        head_dim: 64,
+    let odd = Rope {
         rope_dim: 63,
         positions: 1,
         pairing: RopePairing::Neox,
     };
+    let one = AttentionShape {
+        n_heads: 1,
+        n_kv_heads: 1,
+        head_dim: 64,
+        n_tokens: 1,
+        capacity: 1,
+        cache_offset: 0,
+    };
     assert!(matches!(
-        kernels.rope(ctx, &mut plan, &step, &b, &b, odd),
+        kernels.rope_kv_store(
+            ctx,
+            &mut plan,
+            &step,
+            &b,
+            (&b, &b),
+            (&b, &b),
+            (&b, odd),
+            one
+        ),
         Err(GpuError::Shape(_))
     ));
     let too_many = AttentionShape {

@@ -1,35 +1,30 @@
 // Index of the largest of n values, the first one on ties (torch.argmax), for greedy decoding
-// without reading the logits back. One workgroup.
+// without reading the logits back. Two passes, so that a vocabulary of 150k logits is read by
+// many workgroups, not one: `spans` — workgroup g finds the first maximum of values
+// [g * SPAN, (g + 1) * SPAN) and writes it to best[1 + 2g] (value bits) and best[2 + 2g]
+// (index); `main` — one workgroup picks the first maximum of those and writes its index to
+// best[0]. Both entry points use binding 1 for a different buffer (values, best).
 
 struct Params {
-    n: u32,
+    n: u32,     // values
+    spans: u32, // ceil(n / SPAN)
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> values: array<f32>;
-@group(0) @binding(2) var<storage, read_write> result: array<u32>;
+@group(0) @binding(2) var<storage, read_write> spans_best: array<u32>;
+@group(0) @binding(1) var<storage, read_write> best: array<u32>;
 
 const WORKGROUP: u32 = 256u;
+const SPAN: u32 = WORKGROUP * 4u;
 var<workgroup> best_value: array<f32, WORKGROUP>;
 var<workgroup> best_index: array<u32, WORKGROUP>;
 
-@compute @workgroup_size(WORKGROUP)
-fn main(@builtin(local_invocation_index) lid: u32) {
-    // Each thread scans its indices in increasing order, so `>` keeps its first maximum.
-    var bv = values[min(lid, p.n - 1u)];
-    var bi = min(lid, p.n - 1u);
-    for (var i = lid + WORKGROUP; i < p.n; i += WORKGROUP) {
-        let v = values[i];
-        if (v > bv) {
-            bv = v;
-            bi = i;
-        }
-    }
-    best_value[lid] = bv;
-    best_index[lid] = bi;
+// Tree reduction of the threads' (value, index) to the first maximum, in best_value[0] and
+// best_index[0].
+fn reduce(lid: u32) {
     workgroupBarrier();
     for (var s = WORKGROUP / 2u; s > 0u; s >>= 1u) {
         if (lid < s) {
@@ -42,7 +37,48 @@ fn main(@builtin(local_invocation_index) lid: u32) {
         }
         workgroupBarrier();
     }
+}
+
+@compute @workgroup_size(WORKGROUP)
+fn spans(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let first = wid.x * SPAN;
+    let end = min(p.n, first + SPAN);
+    // Each thread scans its indices in increasing order, so `>` keeps its first maximum; a
+    // thread with none starts from the span's first value (a tie it loses on index).
+    var bi = min(first + lid, end - 1u);
+    var bv = values[bi];
+    for (var i = first + lid + WORKGROUP; i < end; i += WORKGROUP) {
+        let v = values[i];
+        if (v > bv) {
+            bv = v;
+            bi = i;
+        }
+    }
+    best_value[lid] = bv;
+    best_index[lid] = bi;
+    reduce(lid);
     if (lid == 0u) {
-        result[0] = best_index[0];
+        spans_best[1u + 2u * wid.x] = bitcast<u32>(best_value[0]);
+        spans_best[2u + 2u * wid.x] = best_index[0];
+    }
+}
+
+@compute @workgroup_size(WORKGROUP)
+fn main(@builtin(local_invocation_index) lid: u32) {
+    var bv = bitcast<f32>(best[1u]);
+    var bi = best[2u];
+    // Spans in increasing order: `>` keeps the first maximum.
+    for (var g = lid; g < p.spans; g += WORKGROUP) {
+        let v = bitcast<f32>(best[1u + 2u * g]);
+        if (v > bv) {
+            bv = v;
+            bi = best[2u + 2u * g];
+        }
+    }
+    best_value[lid] = bv;
+    best_index[lid] = bi;
+    reduce(lid);
+    if (lid == 0u) {
+        best[0] = best_index[0];
     }
 }

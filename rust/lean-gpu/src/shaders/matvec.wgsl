@@ -14,10 +14,10 @@ struct Params {
     cols: u32,      // elements per row
     first_row: u32, // index in y of the part's first row
     accumulate: u32, // 1: y += W·x (a residual add fused in); 0: y = W·x
+    bias: u32,       // 1: plus bias[row] (before an accumulate)
     _pad0: u32,
     _pad1: u32,
     _pad2: u32,
-    _pad3: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -26,6 +26,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> x4: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
 
 override WORKGROUP: u32 = 256u;
 const ROWS_PER_THREAD: u32 = 2u;
@@ -50,6 +51,9 @@ fn store_rows(group: u32, dots: vec2<f32>) {
         let r = group * ROWS_PER_THREAD + i;
         if (r < p.rows) {
             var v = dots[i];
+            if (p.bias != 0u) {
+                v = v + bias[p.first_row + r];
+            }
             if (p.accumulate != 0u) {
                 v = y[p.first_row + r] + v;
             }
