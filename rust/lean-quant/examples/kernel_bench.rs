@@ -1,18 +1,20 @@
 //! Kernel throughput on the real models' matrix shapes, per tensor type, kernel path and thread
 //! count: matvec (decode) and matmul over 512 tokens (prefill), in GMAC/s (multiply-adds per
-//! second) and, for matvec, GB/s of weight bytes read.
+//! second) and, for matvec, GB/s of weight bytes read; then `vecmat` on a decode step's attention.
 //!
 //! cargo run --release -p lean-quant --example kernel_bench -- [--types Q4_0,Q8_0] [--isa avx2]
 //!     [--threads 1,2] [--tokens 512] [--no-matmul]
 
-use lean_quant::{Isa, TensorType};
+use lean_quant::{F32Matrix, Isa, TensorType, COLUMN_BLOCK};
 use std::time::{Duration, Instant};
 
-/// (rows, cols) = (outputs, inputs): SmolLM2-135M's attention/MLP and tied LM head, Qwen2.5-0.5B's
-/// MLP.
-const SHAPES: [(usize, usize); 5] = [
-    (576, 1536),
+/// (rows, cols) = (outputs, inputs): SmolLM2-135M's q/o, k/v, gate/up, down and tied LM head,
+/// Qwen2.5-0.5B's MLP.
+const SHAPES: [(usize, usize); 7] = [
+    (576, 576),
+    (192, 576),
     (1536, 576),
+    (576, 1536),
     (49152, 576),
     (896, 4864),
     (4864, 896),
@@ -216,5 +218,46 @@ fn main() {
                 }
             }
         }
+    }
+    attention_bench(&options, &pools);
+}
+
+/// `vecmat` on one decode step's attention for one kv head of SmolLM2-135M at 544 positions:
+/// three query heads times the transposed keys (column-blocked, as the KV cache stores them),
+/// then their probabilities times the values (row-major).
+fn attention_bench(options: &Options, pools: &[(usize, rayon::ThreadPool)]) {
+    let (heads, head_dim, positions): (usize, usize, usize) = (3, 64, 544);
+    let blocks = positions.div_ceil(COLUMN_BLOCK);
+    let keys: Vec<f32> = (0..blocks * COLUMN_BLOCK * head_dim)
+        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
+    let values = keys[..positions * head_dim].to_vec();
+    let q: Vec<f32> = keys[..heads * head_dim].to_vec();
+    let p: Vec<f32> = keys[..heads * positions].to_vec();
+    let mut y = vec![0f32; heads * positions];
+    println!("vecmat (decode attention, {heads} heads x {positions} positions x {head_dim})");
+    for &isa in &options.isas {
+        // vecmat runs on the calling thread: one pool is enough.
+        pools[0].1.install(|| {
+            let keys_t = F32Matrix::column_blocked(&keys, head_dim, positions, head_dim);
+            let scores = best_time(Duration::from_millis(300), || {
+                isa.vecmat(&q, heads, keys_t, &mut y[..heads * positions])
+            });
+            let values = F32Matrix::row_major(&values, positions, head_dim, head_dim);
+            let output = best_time(Duration::from_millis(300), || {
+                isa.vecmat(&p, heads, values, &mut y[..heads * head_dim])
+            });
+            let macs = (heads * head_dim * positions) as f64;
+            for (what, t) in [("q x keys_t", scores), ("p x values", output)] {
+                let s = t.as_secs_f64();
+                println!(
+                    "{:<8} {:<10} {:9.2} us {:7.2} GMAC/s",
+                    isa.name(),
+                    what,
+                    s * 1e6,
+                    macs / s / 1e9
+                );
+            }
+        });
     }
 }

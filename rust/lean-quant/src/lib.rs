@@ -7,7 +7,7 @@ pub use lean_gguf::TensorType;
 mod kernels;
 pub mod scalar;
 
-pub use kernels::Isa;
+pub use kernels::{F32Matrix, Isa, COLUMN_BLOCK};
 
 /// Which kernel set runs here ("avx512", "avx2", "simd128", "neon", "scalar"), for logs and
 /// benchmarks.
@@ -32,6 +32,15 @@ pub fn matvec(ty: TensorType, w: &[u8], rows: usize, cols: usize, x: &[f32], y: 
     Isa::selected().matvec(ty, w, rows, cols, x, y)
 }
 
+/// `matvec` on the calling thread only: for callers that split the rows (or several matrices)
+/// into parallel tasks of their own.
+///
+/// # Panics
+/// As `matvec`.
+pub fn matvec_serial(ty: TensorType, w: &[u8], rows: usize, cols: usize, x: &[f32], y: &mut [f32]) {
+    Isa::selected().matvec_serial(ty, w, rows, cols, x, y)
+}
+
 /// Prefill: `x` is `n` x `cols` (one token per row), `y` is `n` x `rows`:
 /// `y[t*rows + r] = dot(row r of w, row t of x)`. Dequantizes panels of weight rows once and
 /// runs an f32 register-tiled kernel over all tokens; parallel over panels with "threads".
@@ -48,6 +57,16 @@ pub fn matmul(
     y: &mut [f32],
 ) {
     Isa::selected().matmul(ty, w, rows, cols, x, n, y)
+}
+
+/// `y = a · m` in f32, on the calling thread: `a` is `n` x `m.rows()` (row-major), `y` is
+/// `n` x `m.cols()`. Each output sums its products in order of `m`'s rows. Attention runs on
+/// this: queries times transposed keys, probabilities times values.
+///
+/// # Panics
+/// If the slice sizes do not match `n` and `m`'s shape, or `m`'s layout reaches past its data.
+pub fn vecmat(a: &[f32], n: usize, m: F32Matrix, y: &mut [f32]) {
+    Isa::selected().vecmat(a, n, m, y)
 }
 
 /// Dequantizes a whole row (e.g. an embedding lookup); values identical to

@@ -4,7 +4,7 @@
 //! are exact), widened to i32, converted, then scaled with the scalar dequantizer's f32 ops.
 
 use super::formats::*;
-use super::{k4_scales_mins, pack_columns, q3_k_scales, Gemm, Kernels};
+use super::{k4_scales_mins, pack_columns, q3_k_scales, Gemm, Kernels, Strided, COLUMN_BLOCK};
 use crate::TensorType;
 use std::arch::x86_64::*;
 
@@ -16,7 +16,9 @@ pub(super) fn supported() -> bool {
 
 pub(super) static KERNELS: Kernels = Kernels {
     dot,
+    rows,
     dequant,
+    vecmat,
     gemm: Gemm {
         panel_rows: 16,
         depth_block: 256,
@@ -26,6 +28,11 @@ pub(super) static KERNELS: Kernels = Kernels {
         pack,
     },
 };
+
+/// See `RowsFn`: one fused dot per row.
+unsafe fn rows(ty: TensorType, w: &[u8], row_bytes: usize, x: &[f32], y: &mut [f32]) {
+    super::rows_by_dot(dot, ty, w, row_bytes, x, y)
+}
 
 unsafe fn dot(ty: TensorType, row: &[u8], x: &[f32]) -> f32 {
     match ty {
@@ -645,5 +652,74 @@ unsafe fn tile<const T: usize>(
         let y = y.add(t * y_stride);
         _mm256_storeu_ps(y, acc[0]);
         _mm256_storeu_ps(y.add(8), acc[1]);
+    }
+}
+
+/// See `VecmatFn`: tiles of up to 4 rows of `a` x 16 columns (half a column block: two
+/// vectors, masked at the right edge) in registers, each row of `m` loaded once per tile.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vecmat(a: *const f32, n: usize, depth: usize, m: Strided, cols: usize, y: *mut f32) {
+    const TILES: [VecmatTile; 4] = [
+        vecmat_tile::<1>,
+        vecmat_tile::<2>,
+        vecmat_tile::<3>,
+        vecmat_tile::<4>,
+    ];
+    const _: () = assert!(COLUMN_BLOCK.is_multiple_of(16));
+    for j in (0..cols).step_by(16) {
+        let width = (cols - j).min(16);
+        // Lane l is on when l < the vector's share of `width` (sign bit set).
+        let mask = |from: usize| {
+            let lanes = width.saturating_sub(from).min(8) as i32;
+            _mm256_cmpgt_epi32(
+                _mm256_set1_epi32(lanes),
+                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+            )
+        };
+        let masks = [mask(0), mask(8)];
+        for h in (0..n).step_by(TILES.len()) {
+            let rows = TILES.len().min(n - h);
+            TILES[rows - 1](
+                a.add(h * depth),
+                depth,
+                m.column(j),
+                m.row_stride,
+                y.add(h * cols + j),
+                cols,
+                masks,
+            );
+        }
+    }
+}
+
+type VecmatTile = unsafe fn(*const f32, usize, *const f32, usize, *mut f32, usize, [__m256i; 2]);
+
+/// `R` rows of `a` (`depth` apart) times 16 columns of `m` (lanes outside `masks` are neither
+/// read nor written) into `R` rows of `y` (`y_stride` apart).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vecmat_tile<const R: usize>(
+    a: *const f32,
+    depth: usize,
+    m: *const f32,
+    m_stride: usize,
+    y: *mut f32,
+    y_stride: usize,
+    masks: [__m256i; 2],
+) {
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    for i in 0..depth {
+        let row = m.add(i * m_stride);
+        let m0 = _mm256_maskload_ps(row, masks[0]);
+        let m1 = _mm256_maskload_ps(row.add(8), masks[1]);
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let b = _mm256_set1_ps(*a.add(r * depth + i));
+            acc[0] = _mm256_fmadd_ps(m0, b, acc[0]);
+            acc[1] = _mm256_fmadd_ps(m1, b, acc[1]);
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        let y = y.add(r * y_stride);
+        _mm256_maskstore_ps(y, masks[0], acc[0]);
+        _mm256_maskstore_ps(y.add(8), masks[1], acc[1]);
     }
 }

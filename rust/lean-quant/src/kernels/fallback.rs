@@ -1,12 +1,14 @@
 //! Portable kernels, for targets without a SIMD path: the scalar dequantizers plus plain f32
 //! loops over independent lanes, which the compiler can vectorize for whatever the target has.
 
-use super::{dot_via_buffer, pack_columns, Gemm, Kernels};
+use super::{dot_via_buffer, pack_columns, Gemm, Kernels, Strided, COLUMN_BLOCK};
 use crate::{scalar, TensorType};
 
 pub(super) static KERNELS: Kernels = Kernels {
     dot,
+    rows,
     dequant,
+    vecmat,
     gemm: Gemm {
         panel_rows: ROWS,
         depth_block: 256,
@@ -19,6 +21,11 @@ pub(super) static KERNELS: Kernels = Kernels {
 const ROWS: usize = 8;
 /// Independent partial sums of `f32_dot`.
 const LANES: usize = 8;
+
+/// See `RowsFn`: one fused dot per row.
+unsafe fn rows(ty: TensorType, w: &[u8], row_bytes: usize, x: &[f32], y: &mut [f32]) {
+    super::rows_by_dot(dot, ty, w, row_bytes, x, y)
+}
 
 unsafe fn dot(ty: TensorType, row: &[u8], x: &[f32]) -> f32 {
     dot_via_buffer(ty, row, x, f32_dot)
@@ -73,5 +80,51 @@ unsafe fn tile<const T: usize>(
     }
     for (t, acc) in acc.iter().enumerate() {
         *(y.add(t * y_stride) as *mut [f32; ROWS]) = *acc;
+    }
+}
+
+/// Columns per `vecmat` tile: independent lanes the compiler can vectorize.
+const VECMAT_COLS: usize = 16;
+/// Rows of `a` per `vecmat` tile, sharing each loaded row of `m`.
+const VECMAT_ROWS: usize = 4;
+
+/// See `VecmatFn`. Portable: also the simd128 and NEON paths' kernel (they compile their
+/// vector extension in, so these fixed-width loops vectorize for them).
+pub(super) unsafe fn vecmat(
+    a: *const f32,
+    n: usize,
+    depth: usize,
+    m: Strided,
+    cols: usize,
+    y: *mut f32,
+) {
+    const _: () = assert!(COLUMN_BLOCK.is_multiple_of(VECMAT_COLS));
+    for j in (0..cols).step_by(VECMAT_COLS) {
+        let width = VECMAT_COLS.min(cols - j);
+        let top = m.column(j);
+        for h in (0..n).step_by(VECMAT_ROWS) {
+            let rows = VECMAT_ROWS.min(n - h);
+            let mut acc = [[0f32; VECMAT_COLS]; VECMAT_ROWS];
+            for i in 0..depth {
+                let src = top.add(i * m.row_stride);
+                let m_row = if width == VECMAT_COLS {
+                    (src as *const [f32; VECMAT_COLS]).read()
+                } else {
+                    // A tail tile reads its columns into a zero-padded row: full-width loops.
+                    let mut row = [0f32; VECMAT_COLS];
+                    std::ptr::copy_nonoverlapping(src, row.as_mut_ptr(), width);
+                    row
+                };
+                for (r, acc) in acc[..rows].iter_mut().enumerate() {
+                    let b = *a.add((h + r) * depth + i);
+                    for (acc, &mv) in acc.iter_mut().zip(&m_row) {
+                        *acc += b * mv;
+                    }
+                }
+            }
+            for (r, acc) in acc[..rows].iter().enumerate() {
+                std::ptr::copy_nonoverlapping(acc.as_ptr(), y.add((h + r) * cols + j), width);
+            }
+        }
     }
 }

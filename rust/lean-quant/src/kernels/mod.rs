@@ -20,6 +20,8 @@ mod fallback;
 mod neon;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod simd128;
+#[cfg(test)]
+mod tests;
 
 /// One marker type per block format; each ISA module implements its own `Decode` trait for
 /// them, so the format list is written once.
@@ -76,9 +78,123 @@ struct Gemm {
     pack: PackFn,
 }
 
+/// `y = a · m` in f32: for h < n, j < cols,
+/// `y[h*cols + j] = sum_i a[h*depth + i] * m(i, j)` over i < depth, summed in order of i.
+/// Safety: the CPU supports the ISA, `a` covers `n * depth`, `y` `n * cols`, and `m` rows
+/// `0..depth` of columns `0..cols`.
+type VecmatFn =
+    unsafe fn(a: *const f32, n: usize, depth: usize, m: Strided, cols: usize, y: *mut f32);
+
+/// `F32Matrix`'s layout as a pointer, for the kernels.
+#[derive(Copy, Clone)]
+struct Strided {
+    data: *const f32,
+    row_stride: usize,
+    block_stride: usize,
+}
+
+impl Strided {
+    /// Row 0 of columns `j..` (up to the end of `j`'s column block). Safety: `j` is a column of
+    /// the matrix.
+    unsafe fn column(self, j: usize) -> *const f32 {
+        self.data
+            .add(j / COLUMN_BLOCK * self.block_stride + j % COLUMN_BLOCK)
+    }
+}
+
+/// Columns per block of an `F32Matrix`: every kernel's column tiles divide it.
+pub const COLUMN_BLOCK: usize = 32;
+
+/// A read-only f32 matrix for `vecmat`, `rows` x `cols`: element (i, j) is at
+/// `data[(j / COLUMN_BLOCK) * block_stride + i * row_stride + j % COLUMN_BLOCK]`.
+#[derive(Copy, Clone)]
+pub struct F32Matrix<'a> {
+    data: &'a [f32],
+    rows: usize,
+    cols: usize,
+    row_stride: usize,
+    block_stride: usize,
+}
+
+/// The shape and layout, not the elements.
+impl std::fmt::Debug for F32Matrix<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("F32Matrix")
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .field("row_stride", &self.row_stride)
+            .field("block_stride", &self.block_stride)
+            .field("data_len", &self.data.len())
+            .finish()
+    }
+}
+
+impl<'a> F32Matrix<'a> {
+    /// Row-major with rows `stride` elements apart (a column range of a wider matrix when
+    /// `stride > cols`).
+    pub fn row_major(data: &'a [f32], rows: usize, cols: usize, stride: usize) -> Self {
+        F32Matrix {
+            data,
+            rows,
+            cols,
+            row_stride: stride,
+            block_stride: COLUMN_BLOCK,
+        }
+    }
+
+    /// Column-blocked: blocks of `COLUMN_BLOCK` columns one after another, each `block_rows`
+    /// rows of `COLUMN_BLOCK` contiguous elements (`block_rows >= rows`: a matrix can be the
+    /// top of a taller one). A run of columns then reads contiguous memory, where row-major
+    /// rows far apart would read a short piece of each.
+    pub fn column_blocked(data: &'a [f32], rows: usize, cols: usize, block_rows: usize) -> Self {
+        F32Matrix {
+            data,
+            rows,
+            cols,
+            row_stride: COLUMN_BLOCK,
+            block_stride: block_rows.saturating_mul(COLUMN_BLOCK),
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Elements of `data` the layout reaches (`None` on overflow).
+    fn extent(&self) -> Option<usize> {
+        if self.rows == 0 || self.cols == 0 {
+            return Some(0);
+        }
+        let last_block = (self.cols - 1) / COLUMN_BLOCK;
+        let bottom = (self.rows - 1).checked_mul(self.row_stride)?;
+        // The last block may be narrower than the one before it.
+        let end_of = |block: usize, width: usize| {
+            block
+                .checked_mul(self.block_stride)?
+                .checked_add(bottom)?
+                .checked_add(width)
+        };
+        let last = end_of(last_block, self.cols - last_block * COLUMN_BLOCK)?;
+        match last_block {
+            0 => Some(last),
+            _ => Some(last.max(end_of(last_block - 1, COLUMN_BLOCK)?)),
+        }
+    }
+}
+
+/// Row dots of a matrix: `y[r] = dot(row r, x)`, rows `row_bytes` apart. Safety: as `DotFn`
+/// for every row, with `w` holding exactly `y.len()` rows.
+type RowsFn = unsafe fn(ty: TensorType, w: &[u8], row_bytes: usize, x: &[f32], y: &mut [f32]);
+
 struct Kernels {
     dot: DotFn,
+    rows: RowsFn,
     dequant: DequantFn,
+    vecmat: VecmatFn,
     gemm: Gemm,
 }
 
@@ -189,6 +305,36 @@ impl Isa {
         unsafe { (kernels.dequant)(ty, src, dst) }
     }
 
+    /// `crate::vecmat` on this path.
+    pub fn vecmat(self, a: &[f32], n: usize, m: F32Matrix, y: &mut [f32]) {
+        let kernels = self.kernels();
+        let extent = m.extent();
+        assert!(
+            Some(a.len()) == n.checked_mul(m.rows)
+                && Some(y.len()) == n.checked_mul(m.cols)
+                && extent.is_some_and(|e| e <= m.data.len()),
+            "vecmat: a has {} (want {n}x{}), y {} (want {n}x{}) elements; the {}x{} matrix \
+             reaches {extent:?} of {} elements",
+            a.len(),
+            m.rows,
+            y.len(),
+            m.cols,
+            m.rows,
+            m.cols,
+            m.data.len()
+        );
+        if n == 0 || m.cols == 0 {
+            return;
+        }
+        let strided = Strided {
+            data: m.data.as_ptr(),
+            row_stride: m.row_stride,
+            block_stride: m.block_stride,
+        };
+        // SAFETY: `kernels()` checked the CPU; the sizes were checked above.
+        unsafe { (kernels.vecmat)(a.as_ptr(), n, m.rows, strided, m.cols, y.as_mut_ptr()) }
+    }
+
     /// `crate::matvec` on this path.
     pub fn matvec(
         self,
@@ -198,6 +344,33 @@ impl Isa {
         cols: usize,
         x: &[f32],
         y: &mut [f32],
+    ) {
+        self.matvec_maybe_parallel(ty, w, rows, cols, x, y, true)
+    }
+
+    /// `crate::matvec_serial` on this path.
+    pub fn matvec_serial(
+        self,
+        ty: TensorType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        y: &mut [f32],
+    ) {
+        self.matvec_maybe_parallel(ty, w, rows, cols, x, y, false)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn matvec_maybe_parallel(
+        self,
+        ty: TensorType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        y: &mut [f32],
+        #[allow(unused_variables)] parallel: bool,
     ) {
         let kernels = self.kernels();
         let row_bytes = check_matrix(ty, w.len(), rows, cols);
@@ -211,16 +384,13 @@ impl Isa {
             y.fill(0.0);
             return;
         }
-        let dot = kernels.dot;
         let rows_dot = |first_row: usize, ys: &mut [f32]| {
-            let w = &w[first_row * row_bytes..];
-            for (y, row) in ys.iter_mut().zip(w.chunks_exact(row_bytes)) {
-                // SAFETY: the CPU was checked; `row` is one whole row and `x` has `cols` elements.
-                *y = unsafe { dot(ty, row, x) };
-            }
+            let w = &w[first_row * row_bytes..][..ys.len() * row_bytes];
+            // SAFETY: the CPU was checked; `w` holds `ys.len()` whole rows of `cols` elements.
+            unsafe { (kernels.rows)(ty, w, row_bytes, x, ys) };
         };
         #[cfg(feature = "threads")]
-        {
+        if parallel {
             use rayon::prelude::*;
             let tasks = parallel_tasks(rows.saturating_mul(cols));
             if tasks > 1 {
@@ -513,6 +683,21 @@ unsafe fn pack_columns(
         for r in 0..panel_rows {
             *packed.add(k * panel_rows + r) = *rows.add(r * row_stride + k);
         }
+    }
+}
+
+/// `RowsFn` as one `DotFn` call per row, for paths and types without a multi-row kernel.
+/// Safety: as `RowsFn`.
+unsafe fn rows_by_dot(
+    dot: DotFn,
+    ty: TensorType,
+    w: &[u8],
+    row_bytes: usize,
+    x: &[f32],
+    y: &mut [f32],
+) {
+    for (y, row) in y.iter_mut().zip(w.chunks_exact(row_bytes)) {
+        *y = dot(ty, row, x);
     }
 }
 

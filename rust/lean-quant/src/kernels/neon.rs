@@ -11,7 +11,9 @@ use core::arch::aarch64::*;
 
 pub(super) static KERNELS: Kernels = Kernels {
     dot,
+    rows,
     dequant,
+    vecmat: super::fallback::vecmat,
     gemm: Gemm {
         panel_rows: 16,
         depth_block: 128,
@@ -21,6 +23,11 @@ pub(super) static KERNELS: Kernels = Kernels {
         pack,
     },
 };
+
+/// See `RowsFn`: one fused dot per row.
+unsafe fn rows(ty: TensorType, w: &[u8], row_bytes: usize, x: &[f32], y: &mut [f32]) {
+    super::rows_by_dot(dot, ty, w, row_bytes, x, y)
+}
 
 unsafe fn dot(ty: TensorType, row: &[u8], x: &[f32]) -> f32 {
     match ty {

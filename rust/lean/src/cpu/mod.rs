@@ -8,15 +8,18 @@ use crate::error::{LeanError, Result};
 use crate::model::{Matrix, Model};
 pub use crate::session::Logits;
 use crate::session::Session;
+use lean_quant::{F32Matrix, COLUMN_BLOCK};
 use ops::RopeTable;
 
 /// Tokens per prefill batch: bounds the scratch memory while keeping the matmuls large.
 pub const PREFILL_CHUNK: usize = 256;
 
-/// Keys and values of every layer for `capacity` positions, laid out for the attention kernels:
-/// keys as `[layer][kv_head][position][head_dim]` (one contiguous matrix of key rows per head),
-/// values transposed as `[layer][kv_head][head_dim][position]` (one contiguous row per dimension),
-/// so both products of attention are plain f32 matrix kernels.
+/// Keys and values of every layer for `capacity` positions, laid out for `lean_quant::vecmat`
+/// (scores = queries · keysᵀ, output = probabilities · values):
+/// keys transposed and column-blocked, `[layer][kv_head][position / B][head_dim][position % B]`
+/// with B = `COLUMN_BLOCK`, so that the scores of a run of positions read contiguous memory;
+/// values row-major, `[layer][kv_head][position][head_dim]`. Both products then sum over plain
+/// rows, with no horizontal reductions.
 pub struct KvCache {
     capacity: usize,
     n_kv_heads: usize,
@@ -28,7 +31,7 @@ pub struct KvCache {
 impl KvCache {
     pub fn new(n_layers: usize, capacity: usize, n_kv_heads: usize, head_dim: usize) -> Self {
         // vec![0.0; n] is a zeroed allocation: pages are committed as positions fill.
-        let n = n_layers * n_kv_heads * capacity * head_dim;
+        let n = n_layers * n_kv_heads * Self::padded(capacity) * head_dim;
         KvCache {
             capacity,
             n_kv_heads,
@@ -36,6 +39,11 @@ impl KvCache {
             k: vec![0.0; n],
             v: vec![0.0; n],
         }
+    }
+
+    /// Positions stored per head: whole key blocks.
+    fn padded(capacity: usize) -> usize {
+        capacity.div_ceil(COLUMN_BLOCK) * COLUMN_BLOCK
     }
 
     pub fn capacity(&self) -> usize {
@@ -46,32 +54,35 @@ impl KvCache {
         (self.k.len() + self.v.len()) * 4
     }
 
-    fn head_len(&self) -> usize {
-        self.capacity * self.head_dim
+    fn head_start(&self, layer: usize, kv_head: usize) -> usize {
+        (layer * self.n_kv_heads + kv_head) * Self::padded(self.capacity) * self.head_dim
     }
 
-    /// Keys of one head: `capacity` rows of `head_dim`.
-    fn keys(&self, layer: usize, kv_head: usize) -> &[f32] {
-        let s = (layer * self.n_kv_heads + kv_head) * self.head_len();
-        &self.k[s..s + self.head_len()]
+    /// Keys of one head, transposed: `head_dim` x `len` (positions).
+    fn keys_t(&self, layer: usize, kv_head: usize, len: usize) -> F32Matrix<'_> {
+        let s = self.head_start(layer, kv_head);
+        let data = &self.k[s..s + Self::padded(self.capacity) * self.head_dim];
+        F32Matrix::column_blocked(data, self.head_dim, len, self.head_dim)
     }
 
-    /// Values of one head, transposed: `head_dim` rows of `capacity`.
-    fn values_t(&self, layer: usize, kv_head: usize) -> &[f32] {
-        let s = (layer * self.n_kv_heads + kv_head) * self.head_len();
-        &self.v[s..s + self.head_len()]
+    /// Values of one head: `len` (positions) x `head_dim`.
+    fn values(&self, layer: usize, kv_head: usize, len: usize) -> F32Matrix<'_> {
+        let s = self.head_start(layer, kv_head);
+        let data = &self.v[s..s + len * self.head_dim];
+        F32Matrix::row_major(data, len, self.head_dim, self.head_dim)
     }
 
     /// Stores one token's keys and values (`n_kv_heads × head_dim` each) at `pos`.
     fn store(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
         let hd = self.head_dim;
+        let key_block = pos / COLUMN_BLOCK * COLUMN_BLOCK * hd + pos % COLUMN_BLOCK;
         for g in 0..self.n_kv_heads {
-            let base = (layer * self.n_kv_heads + g) * self.head_len();
-            self.k[base + pos * hd..base + (pos + 1) * hd]
-                .copy_from_slice(&k[g * hd..(g + 1) * hd]);
+            let base = self.head_start(layer, g);
             for d in 0..hd {
-                self.v[base + d * self.capacity + pos] = v[g * hd + d];
+                self.k[base + key_block + d * COLUMN_BLOCK] = k[g * hd + d];
             }
+            self.v[base + pos * hd..base + (pos + 1) * hd]
+                .copy_from_slice(&v[g * hd..(g + 1) * hd]);
         }
     }
 }
@@ -342,9 +353,7 @@ fn linears(model: &Model, outputs: &mut [(&Matrix, &mut [f32])], x: &[f32], n: u
         tasks.into_par_iter().for_each(|(m, first, ys)| {
             let row_bytes = m.len / m.rows;
             let data = &model.data(m)[first * row_bytes..(first + ys.len()) * row_bytes];
-            for (y, row) in ys.iter_mut().zip(data.chunks_exact(row_bytes)) {
-                *y = lean_quant::dot(m.ty, row, x);
-            }
+            lean_quant::matvec_serial(m.ty, data, ys.len(), m.cols, x, ys);
         });
         return;
     }
@@ -353,24 +362,31 @@ fn linears(model: &Model, outputs: &mut [(&Matrix, &mut [f32])], x: &[f32], n: u
     }
 }
 
+/// Query tokens per prefill attention task: its causal window ends at its last token, so
+/// smaller blocks skip more masked positions; large enough that each task's key and value rows
+/// serve many queries.
+const ATTENTION_TOKEN_BLOCK: usize = 32;
+
+/// Per-task buffers of `attention` (reused across layers and calls).
 #[derive(Default)]
 struct AttentionScratch {
-    q: Vec<f32>,
-    scores: Vec<f32>,
-    values_t: Vec<f32>,
-    out: Vec<f32>,
+    /// Head-major outputs of a prefill batch: `[head][token][head_dim]`.
+    heads_out: Vec<f32>,
 }
 
-fn f32_bytes(x: &[f32]) -> &[u8] {
-    // SAFETY: any f32 bit pattern is valid bytes; the length covers exactly the same memory.
-    unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), std::mem::size_of_val(x)) }
+/// One attention task's buffers.
+#[derive(Default)]
+struct TaskScratch {
+    q: Vec<f32>,
+    scores: Vec<f32>,
 }
 
 /// Causal grouped-query attention for a batch of `n` tokens at positions pos0.. (token t sees
 /// positions 0..=pos0+t), as HF computes it: softmax(q·kᵀ · head_dim^-½) · v.
 ///
-/// Per kv head, the queries of all the heads that share it (and all tokens) form one matrix, so
-/// q·kᵀ and p·v run on lean-quant's f32 kernels (SIMD, threaded).
+/// Both products run on `lean_quant::vecmat` against the cache's own layout (no copies of keys
+/// or values). A prefill batch is cut into (head, block of tokens) tasks, each reading keys and
+/// values only up to its last token's position.
 #[allow(clippy::too_many_arguments)]
 fn attention(
     c: &crate::config::ModelConfig,
@@ -382,66 +398,63 @@ fn attention(
     out: &mut [f32],
     s: &mut AttentionScratch,
 ) {
-    let (hd, qd) = (c.head_dim, c.q_dim());
-    let group = c.n_heads / c.n_kv_heads;
-    let len = pos0 + n;
-    let rows = group * n; // query rows per kv head: (head in group, token)
-    let scale = 1.0 / (hd as f32).sqrt();
-    let f32t = lean_gguf::TensorType::F32;
     if n == 1 {
         return decode_attention(c, kv, layer, q, pos0, out);
     }
-    for g in 0..c.n_kv_heads {
-        let qg = fit(&mut s.q, rows * hd);
-        for j in 0..group {
-            let h = g * group + j;
-            for t in 0..n {
-                qg[(j * n + t) * hd..][..hd].copy_from_slice(&q[t * qd + h * hd..][..hd]);
-            }
+    let (hd, qd) = (c.head_dim, c.q_dim());
+    let group = c.n_heads / c.n_kv_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let heads_out = fit(&mut s.heads_out, c.n_heads * n * hd);
+    // Task (head h, tokens t0..t0 + len): writes its block of `heads_out`.
+    let block = ATTENTION_TOKEN_BLOCK * hd;
+    let run = |(h, t0, o): (usize, usize, &mut [f32]), scratch: &mut TaskScratch| {
+        let tokens = o.len() / hd;
+        let visible = pos0 + t0 + tokens;
+        let g = h / group;
+        let qh = fit(&mut scratch.q, tokens * hd);
+        for (t, row) in qh.chunks_exact_mut(hd).enumerate() {
+            row.copy_from_slice(&q[(t0 + t) * qd + h * hd..][..hd]);
         }
-        // scores = q · kᵀ over the first `len` key rows
-        let keys = &kv.keys(layer, g)[..len * hd];
-        let scores = fit(&mut s.scores, rows * len);
-        lean_quant::matmul(f32t, f32_bytes(keys), len, hd, qg, rows, scores);
-        // Causal mask and softmax, row by row (in parallel: a long prompt has many exps).
-        let mask_softmax = |(r, row): (usize, &mut [f32])| {
-            let visible = pos0 + r % n + 1;
-            ops::softmax_scaled(&mut row[..visible], scale);
-            row[visible..].fill(0.0);
-        };
-        #[cfg(feature = "threads")]
-        {
-            use rayon::prelude::*;
-            scores
-                .par_chunks_exact_mut(len)
+        let scores = fit(&mut scratch.scores, tokens * visible);
+        lean_quant::vecmat(qh, tokens, kv.keys_t(layer, g, visible), scores);
+        for (t, row) in scores.chunks_exact_mut(visible).enumerate() {
+            let seen = pos0 + t0 + t + 1;
+            ops::softmax_scaled(&mut row[..seen], scale);
+            row[seen..].fill(0.0);
+        }
+        lean_quant::vecmat(scores, tokens, kv.values(layer, g, visible), o);
+    };
+    let tasks = heads_out
+        .chunks_mut(n * hd)
+        .enumerate()
+        .flat_map(|(h, head)| {
+            head.chunks_mut(block)
                 .enumerate()
-                .for_each(mask_softmax);
-        }
-        #[cfg(not(feature = "threads"))]
-        scores
-            .chunks_exact_mut(len)
-            .enumerate()
-            .for_each(mask_softmax);
-        // out = p · v: the transposed value rows, cut to `len` positions
-        let vt_all = kv.values_t(layer, g);
-        let vt = fit(&mut s.values_t, hd * len);
-        for d in 0..hd {
-            vt[d * len..(d + 1) * len]
-                .copy_from_slice(&vt_all[d * kv.capacity..d * kv.capacity + len]);
-        }
-        let og = fit(&mut s.out, rows * hd);
-        lean_quant::matmul(f32t, f32_bytes(vt), hd, len, scores, rows, og);
-        for j in 0..group {
-            let h = g * group + j;
-            for t in 0..n {
-                out[t * qd + h * hd..][..hd].copy_from_slice(&og[(j * n + t) * hd..][..hd]);
-            }
+                .map(move |(b, o)| (h, b * ATTENTION_TOKEN_BLOCK, o))
+        });
+    #[cfg(feature = "threads")]
+    {
+        use rayon::prelude::*;
+        tasks
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .for_each_init(TaskScratch::default, |scratch, task| run(task, scratch));
+    }
+    #[cfg(not(feature = "threads"))]
+    {
+        let mut scratch = TaskScratch::default();
+        tasks.for_each(|task| run(task, &mut scratch));
+    }
+    for (h, head) in heads_out.chunks_exact(n * hd).enumerate() {
+        for (t, row) in head.chunks_exact(hd).enumerate() {
+            out[t * qd + h * hd..][..hd].copy_from_slice(row);
         }
     }
 }
 
-/// Attention of one token (decode): every query head in parallel; scores are dots with the key
-/// rows, the output dots of the probabilities with the transposed value rows (no copies).
+/// Attention of one token (decode), per kv head (in parallel): the queries of the heads that
+/// share it times its keys, then their probabilities times its values, each one `vecmat` that
+/// loads every key and value row once for all those heads.
 fn decode_attention(
     c: &crate::config::ModelConfig,
     kv: &KvCache,
@@ -454,40 +467,28 @@ fn decode_attention(
     let group = c.n_heads / c.n_kv_heads;
     let len = pos0 + 1;
     let scale = 1.0 / (hd as f32).sqrt();
-    let f32t = lean_gguf::TensorType::F32;
-    let head = |h: usize, o: &mut [f32], scores: &mut Vec<f32>| {
-        let g = h / group;
-        let keys = kv.keys(layer, g);
-        let qh = &q[h * hd..(h + 1) * hd];
-        scores.clear();
-        scores.extend(
-            keys[..len * hd]
-                .chunks_exact(hd)
-                .map(|k| lean_quant::dot(f32t, f32_bytes(k), qh)),
-        );
-        ops::softmax_scaled(scores, scale);
-        let vt = kv.values_t(layer, g);
-        for (d, od) in o.iter_mut().enumerate() {
-            *od = lean_quant::dot(
-                f32t,
-                f32_bytes(&vt[d * kv.capacity..d * kv.capacity + len]),
-                scores,
-            );
+    let kv_head = |g: usize, o: &mut [f32], scores: &mut Vec<f32>| {
+        let qg = &q[g * group * hd..(g + 1) * group * hd];
+        let scores = fit(scores, group * len);
+        lean_quant::vecmat(qg, group, kv.keys_t(layer, g, len), scores);
+        for row in scores.chunks_exact_mut(len) {
+            ops::softmax_scaled(row, scale);
         }
+        lean_quant::vecmat(scores, group, kv.values(layer, g, len), o);
     };
+    let out = &mut out[..c.q_dim()];
     #[cfg(feature = "threads")]
     {
         use rayon::prelude::*;
-        out[..c.q_dim()]
-            .par_chunks_mut(hd)
+        out.par_chunks_mut(group * hd)
             .enumerate()
-            .for_each_init(Vec::new, |scores, (h, o)| head(h, o, scores));
+            .for_each_init(Vec::new, |scores, (g, o)| kv_head(g, o, scores));
     }
     #[cfg(not(feature = "threads"))]
     {
         let mut scores = Vec::new();
-        for (h, o) in out[..c.q_dim()].chunks_mut(hd).enumerate() {
-            head(h, o, &mut scores);
+        for (g, o) in out.chunks_mut(group * hd).enumerate() {
+            kv_head(g, o, &mut scores);
         }
     }
 }
