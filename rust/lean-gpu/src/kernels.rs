@@ -5,7 +5,8 @@
 //! creation as `bytes.wgsl + units.wgsl + quant_<type>.wgsl + <skeleton>.wgsl`: WGSL has no
 //! includes, and override constants cannot swap the block decoder, so each skeleton (rows,
 //! tiles, reductions) is written once and each type contributes only its block layout
-//! (`slice_x`/`slice_dot` for matvec, `weight_at` for matmul's tiles and embed).
+//! (`slice_x`/`slice_dot` for matvec, `slice_weights` for matmul's tiles, `weight_at` for
+//! embed).
 //!
 //! Decode is one matvec per weight matrix, bound by memory bandwidth: weights of the common
 //! types are repacked at upload into planes of a word per 8-element slice (weights.rs);
@@ -13,6 +14,10 @@
 //! are contiguous, and each thread dots its slice of x with the workgroup's 2 rows. The threads
 //! sum their partial dots in workgroup memory (matvec_workgroup.wgsl), or, when asked for, with
 //! subgroupAdd (matvec_subgroup.wgsl).
+//!
+//! Prefill is one matmul per weight matrix, bound by f32 FMAs: register-tiled (matmul.wgsl),
+//! with K split over more workgroups when a matrix has too few tiles to fill the device, the
+//! partial sums added up by a second pass (matmul_reduce.wgsl).
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
 use crate::plan::Plan;
@@ -25,6 +30,7 @@ const MATVEC: &str = include_str!("shaders/matvec.wgsl");
 const MATVEC_WORKGROUP: &str = include_str!("shaders/matvec_workgroup.wgsl");
 const MATVEC_SUBGROUP: &str = include_str!("shaders/matvec_subgroup.wgsl");
 const MATMUL: &str = include_str!("shaders/matmul.wgsl");
+const MATMUL_REDUCE: &str = include_str!("shaders/matmul_reduce.wgsl");
 const EMBED: &str = include_str!("shaders/embed.wgsl");
 const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
 /// Browsers' WGSL wants subgroups enabled in the shader; naga (native) has no such directive.
@@ -33,8 +39,63 @@ const SUBGROUPS_DIRECTIVE: &str = if cfg!(target_arch = "wasm32") {
 } else {
     ""
 };
-/// Rows and tokens per matmul workgroup tile (matmul.wgsl: TILE).
-const MATMUL_TILE: usize = 32;
+/// A matmul workgroup's tile: weight rows × tokens, and elements of K staged per step
+/// (matmul.wgsl: TILE_ROWS, TILE_TOKENS, K_STEP). Each thread owns 8 rows × 4 tokens, so
+/// `rows` is a multiple of 8, `tokens` of 4, and rows × tokens / 32 threads at most 256;
+/// `k_step` is 8, 16 or 32 (a divisor of a unit: steps never cross a row's end).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct MatmulTile {
+    rows: usize,
+    tokens: usize,
+    k_step: usize,
+}
+
+impl MatmulTile {
+    /// The WGSL constants matmul.wgsl is built with.
+    fn wgsl_constants(&self) -> String {
+        format!(
+            "const TILE_ROWS: u32 = {}u;\nconst TILE_TOKENS: u32 = {}u;\nconst K_STEP: u32 = {}u;\n",
+            self.rows, self.tokens, self.k_step
+        )
+    }
+}
+
+/// The prefill matmul's tile: 256 threads, 12.25 KiB of workgroup memory. On an H200 it beat
+/// 64 × 64, 128 × 32, 64 × 32 (×32), 256 × 32 (×8) and 8 × 8 outputs per thread (128 × 64,
+/// 128 × 128, 64 × 64) at prefill chunks of 512 tokens; at chunks of 128, 128 × 32 was 5%
+/// faster on Qwen2.5-0.5B's shape and 6-10% slower on SmolLM2-1.7B's and Qwen2.5-3B's.
+const MATMUL_TILE: MatmulTile = MatmulTile {
+    rows: 128,
+    tokens: 64,
+    k_step: 16,
+};
+// The portable limits (WebGPU's defaults): 256 threads, 16 KiB of workgroup memory
+// (matmul.wgsl: w_tile is k_step × rows f32, x_tile k_step × (tokens + 4)).
+const _: () = assert!(MATMUL_TILE.rows * MATMUL_TILE.tokens / 32 <= 256);
+const _: () =
+    assert!(4 * MATMUL_TILE.k_step * (MATMUL_TILE.rows + MATMUL_TILE.tokens + 4) <= 16384);
+
+/// Workgroups a matmul dispatch should have to keep a large GPU busy (an H200 has 132
+/// multiprocessors, each running several workgroups at once): with fewer tiles
+/// than this, K is split (prefill chunks make small matrices, e.g. the K and V projections,
+/// only a handful of tiles).
+const MATMUL_TARGET_GROUPS: usize = 512;
+/// Least elements of K per split range (keeps the partial sums' traffic small; smaller ranges
+/// are untried: they would give the smallest matrices, e.g. 128 × 896, more workgroups).
+const MATMUL_SPLIT_MIN_LEN: usize = 256;
+/// Threads per workgroup of matmul_reduce.wgsl.
+const MATMUL_REDUCE_GROUP: usize = 256;
+
+/// How a matmul of `groups` tiles splits K of `cols` elements: (ranges, elements per range, a
+/// multiple of 32 so that ranges start at unit boundaries); at most `max_splits` ranges.
+fn matmul_split(groups: usize, cols: usize, max_splits: usize) -> (usize, usize) {
+    let most = (cols / MATMUL_SPLIT_MIN_LEN).min(max_splits).max(1);
+    let wanted = MATMUL_TARGET_GROUPS.div_ceil(groups).clamp(1, most);
+    let len = cols.div_ceil(wanted).next_multiple_of(32);
+    // Rounding the length up may leave the last range empty: count the ranges again.
+    (cols.div_ceil(len), len)
+}
+
 /// Rows each matvec thread dots its slices with, and so rows per workgroup (matvec.wgsl:
 /// ROWS_PER_THREAD).
 const MATVEC_ROWS_PER_THREAD: usize = 2;
@@ -103,8 +164,24 @@ struct MatmulParams {
     n_tokens: u32,
     out_stride: u32,
     row_tiles: u32,
+    token_tiles: u32,
     accumulate: u32,
+    splits: u32,
+    split_len: u32,
+    split_stride: u32,
     pad: u32,
+}
+
+#[repr(C)]
+#[derive(Copy, Clone, bytemuck::Pod, bytemuck::Zeroable)]
+struct MatmulReduceParams {
+    rows: u32,
+    n_tokens: u32,
+    out_stride: u32,
+    first_row: u32,
+    splits: u32,
+    accumulate: u32,
+    pad: [u32; 2],
 }
 
 #[repr(C)]
@@ -304,6 +381,10 @@ pub struct Kernels {
     matvec: MatvecPipelines,
     matvec_subgroup: Option<MatvecPipelines>,
     matmul: Vec<(TensorType, wgpu::ComputePipeline)>,
+    matmul_reduce: wgpu::ComputePipeline,
+    /// The partial sums of a matmul with K split, reused by every such dispatch (grown when
+    /// one needs more): wgpu orders the dispatches that write and read it.
+    matmul_partials: std::sync::Mutex<Option<wgpu::Buffer>>,
     embed: Vec<(TensorType, wgpu::ComputePipeline)>,
     rms_norm: wgpu::ComputePipeline,
     rope_kv_store: wgpu::ComputePipeline,
@@ -375,6 +456,45 @@ fn matvec_pipelines(ctx: &GpuContext, label: &str, source: &str) -> Vec<wgpu::Co
         .iter()
         .map(|&n| pipeline_of(ctx, label, &module, "main", &[("WORKGROUP", n as f64)]))
         .collect()
+}
+
+/// A matmul pipeline, compiled without wgpu's runtime checks (clamped indices): prefill spends
+/// most of its time in it, and its inner loop is workgroup-memory loads and FMAs, which the
+/// clamps would nearly double. In the browser the checks stay.
+///
+/// Every access of matmul.wgsl and the block snippets' slice_weights is in range, from what
+/// `Kernels::matmul_into` checks and `GpuMatrix` builds, for any MatmulTile as documented:
+/// - weights: rows are clamped to `rows - 1`; a step's slices start at k0 / 8 with k0 < cols,
+///   k0 a multiple of K_STEP (a divisor of 32) and cols at most 32 × units, so they stay below
+///   `row_slices()`: the slices the matvec reads (see `matvec_pipelines`);
+/// - x: read at token t < n_tokens, element k < cols (both checked in the shader), and `x`
+///   holds n_tokens × cols f32 (checked);
+/// - K: a range starts at split × split_len (split_len a multiple of 32) and its steps run
+///   while k0 < min(cols, its end);
+/// - y: written at t × out_stride + first_row + r with t < n_tokens and r < rows, so below
+///   n_tokens × rows() of the whole matrix, which `y` holds (checked); or, with K split, at
+///   split × split_stride + t × rows + r for split < splits, below the splits × n_tokens × rows
+///   f32 of the partial-sums buffer (`Kernels::partials`);
+/// - workgroup arrays: w_tile at (8 × slice + j) × ROW_QUADS + r / 4 for slice <
+///   STEP_SLICES, j < 8, r < TILE_ROWS, and read at k × ROW_QUADS + (ROW_THREADS + rq), rq <
+///   ROW_THREADS = ROW_QUADS / 2; x_tile at k × TOKEN_QUADS + t / 4 for t < TILE_TOKENS
+///   (TOKEN_QUADS is TILE_TOKENS / 4 + 1), read at tq < TILE_TOKENS / 4; components by % 4;
+/// - loops step by a positive constant toward a bound, and the divisions by variables are by
+///   `row_tiles` and `token_tiles`, both at least 1 (parts and token counts are never empty).
+///
+/// `tests/kernels.rs` runs it on ragged tiles (rows, tokens and K not multiples of the tile's),
+/// one-block rows, split parts, and F32 rows ending inside a step.
+fn matmul_pipeline(ctx: &GpuContext, label: &str, source: &str) -> wgpu::ComputePipeline {
+    let descriptor = wgpu::ShaderModuleDescriptor {
+        label: Some(label),
+        source: wgpu::ShaderSource::Wgsl(source.into()),
+    };
+    // SAFETY: every index is in range and every loop ends (see above).
+    let module = unsafe {
+        ctx.device
+            .create_shader_module_trusted(descriptor, wgpu::ShaderRuntimeChecks::unchecked())
+    };
+    pipeline_of(ctx, label, &module, "main", &[])
 }
 
 /// The compute pipeline of `module`'s `entry` point, with override `constants`.
@@ -484,7 +604,19 @@ impl Kernels {
         let kernels = Kernels {
             matvec,
             matvec_subgroup,
-            matmul: per_type("matmul", MATMUL),
+            matmul: MATVEC_TYPES
+                .iter()
+                .map(|&(ty, block)| {
+                    let skeleton = format!("{}{MATMUL}", MATMUL_TILE.wgsl_constants());
+                    let label = format!("matmul_{ty}");
+                    (
+                        ty,
+                        matmul_pipeline(ctx, &label, &source("", block, &skeleton)),
+                    )
+                })
+                .collect(),
+            matmul_reduce: pipeline(ctx, "matmul_reduce", MATMUL_REDUCE),
+            matmul_partials: std::sync::Mutex::new(None),
             embed: per_type("embed", EMBED),
             rms_norm: pipeline(ctx, "rms_norm", include_str!("shaders/rms_norm.wgsl")),
             rope_kv_store: pipeline(
@@ -686,8 +818,14 @@ impl Kernels {
         }
         check_len("matmul x", x, n_tokens * m.cols())?;
         check_len("matmul y", y, n_tokens * m.rows())?;
+        let tile = MATMUL_TILE;
+        let token_tiles = n_tokens.div_ceil(tile.tokens);
         for part in m.parts() {
-            let row_tiles = part.rows.div_ceil(MATMUL_TILE);
+            let row_tiles = part.rows.div_ceil(tile.rows);
+            let slab = n_tokens * part.rows;
+            let max_splits = (ctx.max_binding_bytes() / 4) as usize / slab;
+            let (splits, split_len) = matmul_split(row_tiles * token_tiles, m.cols(), max_splits);
+            let partials = (splits > 1).then(|| self.partials(ctx, splits * slab));
             let params = MatmulParams {
                 layout: m.layout(part),
                 rows: u32_arg("rows", part.rows)?,
@@ -696,25 +834,84 @@ impl Kernels {
                 n_tokens: u32_arg("tokens", n_tokens)?,
                 out_stride: u32_arg("rows", m.rows())?,
                 row_tiles: u32_arg("row tiles", row_tiles)?,
+                token_tiles: u32_arg("token tiles", token_tiles)?,
                 accumulate: accumulate as u32,
+                splits: splits as u32,
+                split_len: split_len as u32,
+                split_stride: 0,
                 pad: 0,
             };
-            let groups = u32_arg(
-                "matmul workgroups",
-                row_tiles * n_tokens.div_ceil(MATMUL_TILE),
-            )?;
+            // Split: the tiles write slabs of partial sums (n_tokens × rows each), which a second
+            // dispatch adds up into y.
+            let params = match &partials {
+                None => params,
+                Some(_) => MatmulParams {
+                    first_row: 0,
+                    out_stride: params.rows,
+                    accumulate: 0,
+                    split_stride: u32_arg("partial sums", slab)?,
+                    ..params
+                },
+            };
+            let groups = u32_arg("matmul workgroups", row_tiles * token_tiles * splits)?;
             let name = format!("matmul {} {}x{}", m.ty(), part.rows, m.cols());
+            let out = partials.as_ref().unwrap_or(y);
             Self::dispatch(
                 ctx,
                 plan,
                 name,
                 pipeline,
                 &params,
-                &[&part.buffer, x, y],
+                &[&part.buffer, x, out],
                 groups,
             )?;
+            if let Some(partials) = &partials {
+                let params = MatmulReduceParams {
+                    rows: params.rows,
+                    n_tokens: params.n_tokens,
+                    out_stride: u32_arg("rows", m.rows())?,
+                    first_row: u32_arg("first row", part.first_row)?,
+                    splits: splits as u32,
+                    accumulate: accumulate as u32,
+                    pad: [0; 2],
+                };
+                let groups = u32_arg(
+                    "matmul_reduce workgroups",
+                    slab.div_ceil(MATMUL_REDUCE_GROUP),
+                )?;
+                let name = format!("matmul_reduce {}x{} /{splits}", part.rows, m.cols());
+                Self::dispatch(
+                    ctx,
+                    plan,
+                    name,
+                    &self.matmul_reduce,
+                    &params,
+                    &[partials, y],
+                    groups,
+                )?;
+            }
         }
         Ok(())
+    }
+
+    /// The partial-sums buffer, at least `len` f32 (`len` is within the binding limit).
+    fn partials(&self, ctx: &GpuContext, len: usize) -> wgpu::Buffer {
+        // A poisoned lock only means another thread panicked while swapping the buffer.
+        let mut partials = self
+            .matmul_partials
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match &*partials {
+            Some(buffer) if buffer.size() >= 4 * len as u64 => buffer.clone(),
+            _ => {
+                // Doubling: a few sizes until the largest split matmul fits.
+                let most = (ctx.max_binding_bytes() / 4) as usize;
+                let buffer =
+                    ctx.storage_f32("matmul partial sums", len.next_power_of_two().min(most));
+                *partials = Some(buffer.clone());
+                buffer
+            }
+        }
     }
 
     /// out = rms_norm(x) · weight for `n_rows` rows of `weight.len()` (= n) elements.

@@ -321,17 +321,44 @@ fn matvec_split_across_bindings() {
     }
 }
 
+/// The matmul's tile is 128 rows × 64 tokens with K in steps of 16 (kernels.rs: MATMUL_TILE):
+/// shapes on both sides of each edge, and the fewest tokens the session sends it.
 #[test]
 fn matmul_tiles_with_ragged_edges() {
     for (i, ty) in QUANT_TYPES.into_iter().chain([TensorType::F32]).enumerate() {
-        let i = i as u64;
-        // one token; tokens and rows not multiples of the 32 x 32 tile; a K of one block
-        check_linear(ty, 45, ty.block_len().max(64), Some(1), None, 130 + i);
-        check_linear(ty, 70, ty.block_len() * 3, Some(37), None, 140 + i);
-        check_linear(ty, 33, ty.block_len(), Some(5), None, 150 + i);
+        let i = 10 * i as u64;
+        let unit = ty.block_len().max(32);
+        // one to three tokens, a K of one block, rows fewer than a tile
+        for n in 1..=3 {
+            check_linear(ty, 45, ty.block_len(), Some(n), None, 130 + i + n as u64);
+        }
+        // rows and tokens just past a tile (and below a token quad), K of several blocks
+        check_linear(ty, 129, unit * 3, Some(65), None, 134 + i);
+        // a whole tile, and two row tiles with the second ending inside a row quad
+        check_linear(ty, 128, unit, Some(64), None, 135 + i);
+        check_linear(ty, 250, unit * 2, Some(37), None, 136 + i);
     }
-    // F32 with K not a multiple of the 32-element K step
-    check_linear(TensorType::F32, 40, 77, Some(9), None, 160);
+    // F32 with K not a multiple of the K step nor of a slice
+    check_linear(TensorType::F32, 40, 77, Some(9), None, 200);
+    check_linear(TensorType::F32, 131, 19, Some(70), None, 201);
+}
+
+/// Few tiles over a long K: K is split into ranges (kernels.rs: matmul_split) whose partial
+/// sums a second pass adds up; 800 = 25 units makes ranges of 288, 288 and 224 elements, F32's
+/// 777 a last range ending inside a slice.
+#[test]
+fn matmul_splits_long_rows() {
+    for (i, ty) in QUANT_TYPES.into_iter().chain([TensorType::F32]).enumerate() {
+        let i = 10 * i as u64;
+        let cols = if ty.block_len() == 256 { 1280 } else { 800 };
+        for n in [2, 33] {
+            check_linear(ty, 45, cols, Some(n), None, 300 + i + n as u64);
+        }
+        // a part per 20 rows, each split
+        let limit = (ty.row_bytes(cols).unwrap() * 20) as u64;
+        check_linear(ty, 45, cols, Some(3), Some(limit), 305 + i);
+    }
+    check_linear(TensorType::F32, 70, 777, Some(5), None, 400);
 }
 
 #[test]
@@ -348,35 +375,41 @@ fn matmul_split_across_bindings() {
 fn linear_add_fuses_the_residual() {
     let Some((ctx, kernels)) = gpu() else { return };
     let mut rng = Rng(180);
-    let (ty, rows, cols) = (TensorType::Q4_0, 45, 96);
-    let w = random_matrix(&mut rng, ty, rows, cols);
-    let m = GpuMatrix::upload_split(
-        ctx,
-        ty,
-        rows,
-        cols,
-        &w,
-        (ty.row_bytes(cols).unwrap() * 20) as u64,
-    )
-    .unwrap();
-    for n in [1, 7] {
-        let x = ctx.upload_f32("x", &rng.floats(n * cols, 1.0));
-        let residual = rng.floats(n * rows, 3.0);
-        let (plain, fused) = (
-            ctx.storage_f32("plain", n * rows),
-            ctx.upload_f32("fused", &residual),
-        );
-        submit(ctx, |p| match n {
-            1 => kernels
-                .matvec(ctx, p, &m, &x, &plain)
-                .and_then(|_| kernels.matvec_add(ctx, p, &m, &x, &fused)),
-            _ => kernels
-                .matmul(ctx, p, &m, &x, &plain, n)
-                .and_then(|_| kernels.matmul_add(ctx, p, &m, &x, &fused, n)),
-        });
-        let product = read_f32(ctx, &plain, n * rows);
-        let want: Vec<f32> = residual.iter().zip(&product).map(|(r, p)| r + p).collect();
-        assert_eq!(read_f32(ctx, &fused, n * rows), want, "{n} tokens");
+    // K of 96: one pass; of 800: K split, the residual added by the second pass
+    for (ty, rows, cols) in [(TensorType::Q4_0, 45, 96), (TensorType::Q4_0, 45, 800)] {
+        let w = random_matrix(&mut rng, ty, rows, cols);
+        let m = GpuMatrix::upload_split(
+            ctx,
+            ty,
+            rows,
+            cols,
+            &w,
+            (ty.row_bytes(cols).unwrap() * 20) as u64,
+        )
+        .unwrap();
+        for n in [1, 7] {
+            let x = ctx.upload_f32("x", &rng.floats(n * cols, 1.0));
+            let residual = rng.floats(n * rows, 3.0);
+            let (plain, fused) = (
+                ctx.storage_f32("plain", n * rows),
+                ctx.upload_f32("fused", &residual),
+            );
+            submit(ctx, |p| match n {
+                1 => kernels
+                    .matvec(ctx, p, &m, &x, &plain)
+                    .and_then(|_| kernels.matvec_add(ctx, p, &m, &x, &fused)),
+                _ => kernels
+                    .matmul(ctx, p, &m, &x, &plain, n)
+                    .and_then(|_| kernels.matmul_add(ctx, p, &m, &x, &fused, n)),
+            });
+            let product = read_f32(ctx, &plain, n * rows);
+            let want: Vec<f32> = residual.iter().zip(&product).map(|(r, p)| r + p).collect();
+            assert_eq!(
+                read_f32(ctx, &fused, n * rows),
+                want,
+                "{n} tokens, K {cols}"
+            );
+        }
     }
 }
 

@@ -42,14 +42,25 @@ fn full() -> bool {
 }
 
 /// The parity check on the GPU, weights split into parts of at most `max_part_bytes` if given.
-fn check_model(file: &str, cases: &[&str], max_greedy: usize, max_part_bytes: Option<u64>) {
+/// With `chunk`, prompts prefill (and teacher-forced logits come back) `chunk` tokens a submit.
+fn check_model(
+    file: &str,
+    cases: &[&str],
+    max_greedy: usize,
+    max_part_bytes: Option<u64>,
+    chunk: Option<usize>,
+) {
     let Some((ctx, kernels)) = gpu() else { return };
     let Some((model, tokenizer)) = parity_check::load(file) else {
         return;
     };
     let mut engine = Engine::with_backend(model, tokenizer, 1024, |model, context| {
-        let session = GpuSession::with_binding_limit(ctx, kernels, model, context, max_part_bytes)
-            .map_err(|e| lean::LeanError::Backend(e.to_string()))?;
+        let mut session =
+            GpuSession::with_binding_limit(ctx, kernels, model, context, max_part_bytes)
+                .map_err(|e| lean::LeanError::Backend(e.to_string()))?;
+        if let Some(tokens) = chunk {
+            session.limit_prefill_chunk(tokens);
+        }
         Ok(Box::new(session) as Box<dyn Session>)
     })
     .expect("engine");
@@ -72,22 +83,31 @@ fn smollm2_q4_1() {
         &["raw_code", "chat_short"],
         8,
         None,
+        None,
     );
 }
 
 #[test]
 fn smollm2_q4_0() {
-    check_model("smollm2-135m-instruct-q4_0.gguf", &["raw_code"], 8, None);
+    check_model(
+        "smollm2-135m-instruct-q4_0.gguf",
+        &["raw_code"],
+        8,
+        None,
+        None,
+    );
 }
 
 #[test]
 fn smollm2_q8_0_split_bindings() {
-    // 8 MiB parts: the 47 MB Q8_0 embedding/head and every matrix over 8 MiB run split.
+    // 8 MiB parts: the 47 MB Q8_0 embedding/head and every matrix over 8 MiB run split; and
+    // the 18-token prompt prefills in chunks of 8 (8 + 8 + 2).
     check_model(
         "smollm2-135m-instruct-q8_0.gguf",
         &["raw_code"],
         8,
         Some(8 << 20),
+        Some(8),
     );
 }
 
@@ -98,6 +118,7 @@ fn qwen25_coder_q4_k_m() {
         &["raw_code"],
         8,
         None,
+        None,
     );
 }
 
@@ -107,6 +128,7 @@ fn qwen25_coder_q4_0() {
         "qwen2.5-coder-0.5b-instruct-q4_0.gguf",
         &["raw_code"],
         8,
+        None,
         None,
     );
 }

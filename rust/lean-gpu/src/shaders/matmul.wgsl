@@ -1,18 +1,27 @@
 // Prefill: y[t * out_stride + first_row + r] = dot(row r of W, row t of x) for n_tokens rows
-// of x. Tiled: a workgroup owns TILE rows × TILE tokens; per K step of KC elements it
-// dequantizes the weight tile once into workgroup memory (weight_at() of the prepended block
-// snippet) and stages the activations, then each thread accumulates 2 × 2 outputs, so every
-// weight is decoded once per TILE tokens instead of once per token.
+// of x. A workgroup owns TILE_ROWS rows × TILE_TOKENS tokens (kernels.rs prepends both and
+// K_STEP as constants). Per step of K_STEP elements of K its threads decode the weight tile a
+// whole slice (8 elements) at a time with slice_weights() of the prepended block snippet, and
+// stage the activations, both in workgroup memory laid out [k][row] and [k][token]; then each
+// thread accumulates 8 rows × 4 tokens from vec4 loads (two of weights, one of activations per
+// 32 FMAs). Every weight is decoded once per TILE_TOKENS tokens; f32 products and sums.
+// When the tiles alone are too few workgroups to fill the device, K is split into ranges, each
+// range's workgroups write their partial sums to their own slab of y (kernels.rs binds scratch
+// there), and matmul_reduce.wgsl adds the slabs up in order.
 
 struct Params {
-    part: Layout, // where the weight part's arrays lie
+    part: Layout,       // where the weight part's arrays lie
     rows: u32,          // rows in this part
     cols: u32,
     first_row: u32,     // column of y of the part's first row
     n_tokens: u32,
     out_stride: u32,    // rows of the whole matrix (y is n_tokens × out_stride)
-    row_tiles: u32,     // ceil(rows / TILE)
+    row_tiles: u32,     // ceil(rows / TILE_ROWS)
+    token_tiles: u32,   // ceil(n_tokens / TILE_TOKENS)
     accumulate: u32,    // 1: y += x·Wᵀ (a residual add fused in); 0: y = x·Wᵀ
+    splits: u32,        // K split into this many ranges (1: not split)
+    split_len: u32,     // elements of K per range, a multiple of 32
+    split_stride: u32,  // y elements between the outputs of consecutive ranges
     _pad0: u32,
 }
 
@@ -23,60 +32,64 @@ struct Params {
 // Read only by the block snippets' slice_x (for matvec): not bound here.
 @group(0) @binding(2) var<storage, read> x4: array<vec4<f32>>;
 
-const TILE: u32 = 32u;
-const KC: u32 = 32u;
-const WORKGROUP: u32 = 256u;
+// Threads: each owns 8 rows (two quads, half a tile apart) and 4 tokens. (8 × 8 per thread,
+// fewer threads, was slower on an H200.)
+const ROW_THREADS: u32 = TILE_ROWS / 8u;
+const TOKEN_THREADS: u32 = TILE_TOKENS / 4u;
+const WORKGROUP: u32 = ROW_THREADS * TOKEN_THREADS;
+const ROW_QUADS: u32 = TILE_ROWS / 4u;
+// Each k's row of x_tile is padded by a quad: the staging stores of neighbouring k then fall
+// in different banks.
+const TOKEN_QUADS: u32 = TILE_TOKENS / 4u + 1u;
+const STEP_SLICES: u32 = K_STEP / 8u;
 
-var<workgroup> w_tile: array<f32, TILE * KC>; // [row][k]
-var<workgroup> x_tile: array<f32, TILE * KC>; // [token][k]
+var<workgroup> w_tile: array<vec4<f32>, K_STEP * ROW_QUADS>;   // [k][rows / 4]
+var<workgroup> x_tile: array<vec4<f32>, K_STEP * TOKEN_QUADS>; // [k][tokens / 4]
 
-@compute @workgroup_size(WORKGROUP)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let group = wid.x + wid.y * groups.x;
-    let row0 = (group % p.row_tiles) * TILE;
-    let tok0 = (group / p.row_tiles) * TILE;
-    // Whole groups past the last tile leave together, before any barrier.
-    if (tok0 >= p.n_tokens) {
+// Decodes slice `s0 + i / TILE_ROWS` of tile row i % TILE_ROWS (neighbouring threads take
+// neighbouring rows, so their stores hit different banks) for every i of this thread. Rows past
+// the part's end repeat its last row (their outputs are never stored).
+fn stage_weights(lid: u32, row0: u32, s0: u32) {
+    for (var i = lid; i < TILE_ROWS * STEP_SLICES; i += WORKGROUP) {
+        let r = i % TILE_ROWS;
+        let v = slice_weights(min(row0 + r, p.rows - 1u), s0 + i / TILE_ROWS);
+        let at = 8u * (i / TILE_ROWS) * ROW_QUADS + r / 4u;
+        let c = r % 4u;
+        w_tile[at][c] = v[0].x;
+        w_tile[at + ROW_QUADS][c] = v[0].y;
+        w_tile[at + 2u * ROW_QUADS][c] = v[0].z;
+        w_tile[at + 3u * ROW_QUADS][c] = v[0].w;
+        w_tile[at + 4u * ROW_QUADS][c] = v[1].x;
+        w_tile[at + 5u * ROW_QUADS][c] = v[1].y;
+        w_tile[at + 6u * ROW_QUADS][c] = v[1].z;
+        w_tile[at + 7u * ROW_QUADS][c] = v[1].w;
+    }
+}
+
+// Stages x[tok0 .. + TILE_TOKENS][k0 .. + K_STEP], zero past n_tokens and cols (F32 rows may
+// end inside a step; their padding weights are zero, but x there is another token's).
+fn stage_activations(lid: u32, tok0: u32, k0: u32) {
+    for (var i = lid; i < TILE_TOKENS * K_STEP; i += WORKGROUP) {
+        let k = i % K_STEP;
+        let t = i / K_STEP;
+        var v = 0.0;
+        if (tok0 + t < p.n_tokens && k0 + k < p.cols) {
+            v = x[(tok0 + t) * p.cols + k0 + k];
+        }
+        x_tile[k * TOKEN_QUADS + t / 4u][t % 4u] = v;
+    }
+}
+
+// Writes a row's 4 tokens (those below n_tokens) to the slab of y at `out`.
+fn store_row(out: u32, row: u32, t0: u32, v: vec4<f32>) {
+    if (row >= p.rows) {
         return;
     }
-    let tr = (lid / 16u) * 2u; // this thread's rows tr, tr + 1 and tokens tt, tt + 1 in the tile
-    let tt = (lid % 16u) * 2u;
-    var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
-    for (var k0 = 0u; k0 < p.cols; k0 += KC) {
-        for (var i = lid; i < TILE * KC; i += WORKGROUP) {
-            let r = i / KC;
-            let k = k0 + i % KC;
-            var wv = 0.0;
-            if (row0 + r < p.rows && k < p.cols) {
-                wv = weight_at(row0 + r, k);
-            }
-            w_tile[i] = wv;
-            var xv = 0.0;
-            if (tok0 + r < p.n_tokens && k < p.cols) {
-                xv = x[(tok0 + r) * p.cols + k];
-            }
-            x_tile[i] = xv;
-        }
-        workgroupBarrier();
-        for (var k = 0u; k < KC; k++) {
-            let w0 = w_tile[tr * KC + k];
-            let w1 = w_tile[(tr + 1u) * KC + k];
-            let x0 = x_tile[tt * KC + k];
-            let x1 = x_tile[(tt + 1u) * KC + k];
-            acc[0] += w0 * x0;
-            acc[1] += w0 * x1;
-            acc[2] += w1 * x0;
-            acc[3] += w1 * x1;
-        }
-        workgroupBarrier();
-    }
-    for (var i = 0u; i < 4u; i++) {
-        let r = row0 + tr + i / 2u;
-        let t = tok0 + tt + i % 2u;
-        if (r < p.rows && t < p.n_tokens) {
-            let at = t * p.out_stride + p.first_row + r;
-            var sum = acc[i];
+    for (var j = 0u; j < 4u; j++) {
+        let t = t0 + j;
+        if (t < p.n_tokens) {
+            let at = out + t * p.out_stride + p.first_row + row;
+            var sum = v[j];
             if (p.accumulate != 0u) {
                 sum = y[at] + sum;
             }
@@ -84,3 +97,63 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
         }
     }
 }
+
+@compute @workgroup_size(WORKGROUP)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let group = wid.x + wid.y * groups.x;
+    let row0 = (group % p.row_tiles) * TILE_ROWS;
+    let tok0 = ((group / p.row_tiles) % p.token_tiles) * TILE_TOKENS;
+    let split = group / p.row_tiles / p.token_tiles;
+    // Whole groups past the last tile leave together, before any barrier.
+    if (split >= p.splits) {
+        return;
+    }
+    let k_begin = split * p.split_len;
+    let k_end = min(p.cols, k_begin + p.split_len);
+    // Neighbouring threads take neighbouring row quads: their stores of y are contiguous.
+    let rq = lid % ROW_THREADS;
+    let tq = lid / ROW_THREADS;
+    // Accumulators of rows 4 rq ..+ 4 (a) and TILE_ROWS / 2 + 4 rq ..+ 4 (b), each over
+    // tokens 4 tq ..+ 4; named, not an array, so that they stay in registers.
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
+    var b0 = vec4<f32>(0.0);
+    var b1 = vec4<f32>(0.0);
+    var b2 = vec4<f32>(0.0);
+    var b3 = vec4<f32>(0.0);
+    for (var k0 = k_begin; k0 < k_end; k0 += K_STEP) {
+        stage_weights(lid, row0, k0 / 8u);
+        stage_activations(lid, tok0, k0);
+        workgroupBarrier();
+        for (var k = 0u; k < K_STEP; k++) {
+            let xv = x_tile[k * TOKEN_QUADS + tq];
+            let wa = w_tile[k * ROW_QUADS + rq];
+            let wb = w_tile[k * ROW_QUADS + ROW_THREADS + rq];
+            a0 = fma(vec4<f32>(wa.x), xv, a0);
+            a1 = fma(vec4<f32>(wa.y), xv, a1);
+            a2 = fma(vec4<f32>(wa.z), xv, a2);
+            a3 = fma(vec4<f32>(wa.w), xv, a3);
+            b0 = fma(vec4<f32>(wb.x), xv, b0);
+            b1 = fma(vec4<f32>(wb.y), xv, b1);
+            b2 = fma(vec4<f32>(wb.z), xv, b2);
+            b3 = fma(vec4<f32>(wb.w), xv, b3);
+        }
+        workgroupBarrier();
+    }
+    let ra = row0 + 4u * rq;
+    let rb = ra + TILE_ROWS / 2u;
+    let t0 = tok0 + 4u * tq;
+    let out = split * p.split_stride;
+    store_row(out, ra, t0, a0);
+    store_row(out, ra + 1u, t0, a1);
+    store_row(out, ra + 2u, t0, a2);
+    store_row(out, ra + 3u, t0, a3);
+    store_row(out, rb, t0, b0);
+    store_row(out, rb + 1u, t0, b1);
+    store_row(out, rb + 2u, t0, b2);
+    store_row(out, rb + 3u, t0, b3);
+}
+

@@ -22,7 +22,13 @@ fn slice_dot(row: u32, s: u32, xs: array<vec4<f32>, 2>) -> f32 {
     return dot_acc(dot_acc(0.0, weights4(i), xs[0]), weights4(i + 4u), xs[1]);
 }
 
-// Element e of part row `row` (embed and the prefill matmul read it with this).
+// The 8 weights of slice s of part row `row` (the prefill matmul decodes its tiles with this).
+fn slice_weights(row: u32, s: u32) -> array<vec4<f32>, 2> {
+    let i = 8u * (row * row_slices() + s);
+    return array<vec4<f32>, 2>(weights4(i), weights4(i + 4u));
+}
+
+// Element e of part row `row` (embed reads it with this).
 fn weight_at(row: u32, e: u32) -> f32 {
     return bitcast<f32>(w[32u * row * p.part.units + e]);
 }

@@ -18,7 +18,16 @@ fn slice_dot(row: u32, s: u32, xs: array<vec4<f32>, 2>) -> f32 {
     return f16_at(p.part.region1, i / 4u) * u;
 }
 
-// Element e of part row `row` (embed and the prefill matmul dequantize with this).
+// The 8 weights of slice s of part row `row` (the prefill matmul decodes its tiles with this).
+fn slice_weights(row: u32, s: u32) -> array<vec4<f32>, 2> {
+    let i = row * row_slices() + s;
+    let q = w[i];
+    let d = f16_at(p.part.region1, i / 4u);
+    return array<vec4<f32>, 2>((magic_bytes(q & NIBBLES) - Q4_0_BIAS) * d,
+                               (magic_bytes((q >> 4u) & NIBBLES) - Q4_0_BIAS) * d);
+}
+
+// Element e of part row `row` (embed dequantizes with this).
 fn weight_at(row: u32, e: u32) -> f32 {
     let i = row * row_slices() + e / 8u;
     let j = e % 8u;

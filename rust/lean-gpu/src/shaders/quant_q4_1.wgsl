@@ -25,7 +25,21 @@ fn slice_dot(row: u32, s: u32, xs: array<vec4<f32>, 2>) -> f32 {
     return q4_1_word(t, w[q + 1u] >> shift, d, m, xs[1]);
 }
 
-// Element e of part row `row` (embed and the prefill matmul dequantize with this).
+// The 8 weights of slice s of part row `row` (the prefill matmul decodes its tiles with this):
+// slice c of a block is the low (c < 2) or high nibbles of qs[8(c % 2) ..+ 8].
+fn slice_weights(row: u32, s: u32) -> array<vec4<f32>, 2> {
+    let blk = row * p.part.row_bytes + (s / 4u) * 20u;
+    let c = s % 4u;
+    let d = vec4<f32>(load_f16(blk));
+    let m = vec4<f32>(load_f16(blk + 2u));
+    let q = blk / 4u + 1u + 2u * (c % 2u);
+    let shift = 4u * (c / 2u);
+    let lo = magic_bytes((w[q] >> shift) & NIBBLES) - vec4<f32>(8388608.0);
+    let hi = magic_bytes((w[q + 1u] >> shift) & NIBBLES) - vec4<f32>(8388608.0);
+    return array<vec4<f32>, 2>(fma(d, lo, m), fma(d, hi, m));
+}
+
+// Element e of part row `row` (embed dequantizes with this).
 fn weight_at(row: u32, e: u32) -> f32 {
     let blk = row * p.part.row_bytes + (e / 32u) * 20u;
     let byte = load_u8(blk + 4u + e % 16u);

@@ -38,7 +38,22 @@ fn slice_dot(row: u32, s: u32, xs: array<vec4<f32>, 2>) -> f32 {
     return q4_k_word(t, w[q + 1u] >> shift, dl, ml, xs[1]);
 }
 
-// Element e of part row `row` (embed and the prefill matmul dequantize with this).
+// The 8 weights of slice s of part row `row` (the prefill matmul decodes its tiles with this):
+// slice s % 4 of sub-block (s / 4) % 8, read as slice_dot reads it.
+fn slice_weights(row: u32, s: u32) -> array<vec4<f32>, 2> {
+    let blk = row * p.part.row_bytes + (s / 32u) * 144u;
+    let sub = (s / 4u) % 8u;
+    let sm = scale_min_k4(blk, sub);
+    let dl = vec4<f32>(load_f16(blk) * f32(sm.x));
+    let ml = vec4<f32>(load_f16(blk + 2u) * f32(sm.y));
+    let q = (blk + 16u + 32u * (sub / 2u) + 8u * (s % 4u)) / 4u;
+    let shift = 4u * (sub % 2u);
+    let lo = magic_bytes((w[q] >> shift) & NIBBLES) - vec4<f32>(8388608.0);
+    let hi = magic_bytes((w[q + 1u] >> shift) & NIBBLES) - vec4<f32>(8388608.0);
+    return array<vec4<f32>, 2>(fma(dl, lo, -ml), fma(dl, hi, -ml));
+}
+
+// Element e of part row `row` (embed dequantizes with this).
 fn weight_at(row: u32, e: u32) -> f32 {
     let blk = row * p.part.row_bytes + (e / 256u) * 144u;
     let s = (e % 256u) / 32u;

@@ -26,7 +26,21 @@ fn slice_dot(row: u32, s: u32, xs: array<vec4<f32>, 2>) -> f32 {
     return load_f16(blk) * dot_acc(t, magic_bytes(hi) - Q5_0_BIAS, xs[1]);
 }
 
-// Element e of part row `row` (embed and the prefill matmul dequantize with this).
+// The 8 weights of slice s of part row `row` (the prefill matmul decodes its tiles with this),
+// read as slice_dot reads them.
+fn slice_weights(row: u32, s: u32) -> array<vec4<f32>, 2> {
+    let blk = row * p.part.row_bytes + (s / 4u) * 22u;
+    let c = s % 4u;
+    let qh = load_u32(blk + 2u) >> (8u * c);
+    let qs = blk + 6u + 8u * (c % 2u);
+    let shift = 4u * (c / 2u);
+    let lo = ((load_u32(qs) >> shift) & NIBBLES) | fifth_bits(qh);
+    let hi = ((load_u32(qs + 4u) >> shift) & NIBBLES) | fifth_bits(qh >> 4u);
+    let d = load_f16(blk);
+    return array<vec4<f32>, 2>(d * (magic_bytes(lo) - Q5_0_BIAS), d * (magic_bytes(hi) - Q5_0_BIAS));
+}
+
+// Element e of part row `row` (embed dequantizes with this).
 fn weight_at(row: u32, e: u32) -> f32 {
     let blk = row * p.part.row_bytes + (e / 32u) * 22u;
     let k = e % 32u;

@@ -27,7 +27,21 @@ fn slice_dot(row: u32, s: u32, xs: array<vec4<f32>, 2>) -> f32 {
     return (f16_at(p.part.region3, i / 32u) * f32(scale)) * u;
 }
 
-// Element e of part row `row` (embed and the prefill matmul dequantize with this).
+// The 8 weights of slice s of part row `row` (the prefill matmul decodes its tiles with this).
+fn slice_weights(row: u32, s: u32) -> array<vec4<f32>, 2> {
+    let i = row * row_slices() + s;
+    let q = w[i];
+    let pairs = w[p.part.region1 + i / 2u] >> (4u * (i & 1u));
+    let lo = (q & NIBBLES) | ((pairs << 4u) & PAIRS);
+    let hi = ((q >> 4u) & NIBBLES) | ((pairs << 2u) & PAIRS);
+    let scale = extractBits(i32(w[p.part.region2 + i / 8u]), 8u * ((i / 2u) % 4u), 8u);
+    // (d * scale) * (q - 32), grouped as the reference (weight_at) does
+    let ds = f16_at(p.part.region3, i / 32u) * f32(scale);
+    return array<vec4<f32>, 2>(ds * (magic_bytes(lo) - Q6_K_BIAS),
+                               ds * (magic_bytes(hi) - Q6_K_BIAS));
+}
+
+// Element e of part row `row` (embed dequantizes with this).
 fn weight_at(row: u32, e: u32) -> f32 {
     let i = row * row_slices() + e / 8u;
     let j = e % 8u;
