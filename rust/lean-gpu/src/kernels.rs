@@ -421,6 +421,23 @@ fn pipeline_at(ctx: &GpuContext, label: &str, source: &str, entry: &str) -> wgpu
     pipeline_of(ctx, label, &module, entry, &[])
 }
 
+/// A shader module compiled without wgpu's runtime bounds checks (browsers keep theirs).
+///
+/// # Safety
+/// Every index of `source` must be in range and every loop must end, for every dispatch the
+/// caller records (the callers document why).
+unsafe fn trusted_module(ctx: &GpuContext, label: &str, source: &str) -> wgpu::ShaderModule {
+    let descriptor = wgpu::ShaderModuleDescriptor {
+        label: Some(label),
+        source: wgpu::ShaderSource::Wgsl(source.into()),
+    };
+    // SAFETY: the caller's contract.
+    unsafe {
+        ctx.device
+            .create_shader_module_trusted(descriptor, wgpu::ShaderRuntimeChecks::unchecked())
+    }
+}
+
 /// A matvec pipeline, compiled without wgpu's runtime checks (clamped indices, loop counters,
 /// guarded divisions): decode reads every weight through it, and the checks cost it 5-15% on
 /// an H200. In the browser the checks stay (create_shader_module_trusted is the plain one).
@@ -443,15 +460,8 @@ fn pipeline_at(ctx: &GpuContext, label: &str, source: &str, entry: &str) -> wgpu
 /// `tests/kernels.rs` runs these pipelines on awkward sizes (one-block rows, rows not a
 /// multiple of the workgroup's, split parts, F32 rows ending inside a slice).
 fn matvec_pipelines(ctx: &GpuContext, label: &str, source: &str) -> Vec<wgpu::ComputePipeline> {
-    let descriptor = wgpu::ShaderModuleDescriptor {
-        label: Some(label),
-        source: wgpu::ShaderSource::Wgsl(source.into()),
-    };
     // SAFETY: every index is in range and every loop ends (see above).
-    let module = unsafe {
-        ctx.device
-            .create_shader_module_trusted(descriptor, wgpu::ShaderRuntimeChecks::unchecked())
-    };
+    let module = unsafe { trusted_module(ctx, label, source) };
     MATVEC_WORKGROUP_SIZES
         .iter()
         .map(|&n| pipeline_of(ctx, label, &module, "main", &[("WORKGROUP", n as f64)]))
@@ -485,15 +495,8 @@ fn matvec_pipelines(ctx: &GpuContext, label: &str, source: &str) -> Vec<wgpu::Co
 /// `tests/kernels.rs` runs it on ragged tiles (rows, tokens and K not multiples of the tile's),
 /// one-block rows, split parts, and F32 rows ending inside a step.
 fn matmul_pipeline(ctx: &GpuContext, label: &str, source: &str) -> wgpu::ComputePipeline {
-    let descriptor = wgpu::ShaderModuleDescriptor {
-        label: Some(label),
-        source: wgpu::ShaderSource::Wgsl(source.into()),
-    };
     // SAFETY: every index is in range and every loop ends (see above).
-    let module = unsafe {
-        ctx.device
-            .create_shader_module_trusted(descriptor, wgpu::ShaderRuntimeChecks::unchecked())
-    };
+    let module = unsafe { trusted_module(ctx, label, source) };
     pipeline_of(ctx, label, &module, "main", &[])
 }
 
