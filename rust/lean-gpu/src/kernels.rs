@@ -97,8 +97,22 @@ fn matmul_split(groups: usize, cols: usize, max_splits: usize) -> (usize, usize)
 }
 
 /// Rows each matvec thread dots its slices with, and so rows per workgroup (matvec.wgsl:
-/// ROWS_PER_THREAD).
+/// ROWS_PER_THREAD): 2 or 4. More rows read x less often per weight.
 const MATVEC_ROWS_PER_THREAD: usize = 2;
+
+/// The rows per matvec thread to build: MATVEC_ROWS_PER_THREAD, or natively
+/// LEAN_GPU_MATVEC_ROWS (2 or 4) to compare them on a device.
+fn matvec_rows_per_thread() -> usize {
+    #[cfg(not(target_arch = "wasm32"))]
+    if let Some(rows) = std::env::var("LEAN_GPU_MATVEC_ROWS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|r| [2, 4].contains(r))
+    {
+        return rows;
+    }
+    MATVEC_ROWS_PER_THREAD
+}
 /// Threads per workgroup of the element-wise kernels (rope_kv_store, silu_mul, add).
 const ELEMENTWISE_GROUP: u32 = 64;
 
@@ -218,7 +232,8 @@ struct AttentionParams {
     scale: f32,
     n_splits: u32,
     split_len: u32,
-    pad: [u32; 3],
+    stats_offset: u32,
+    pad: [u32; 2],
 }
 
 #[repr(C)]
@@ -229,7 +244,8 @@ struct CombineParams {
     n_tokens: u32,
     n_splits: u32,
     split_len: u32,
-    pad: [u32; 3],
+    stats_offset: u32,
+    pad: [u32; 2],
 }
 
 #[repr(C)]
@@ -303,9 +319,15 @@ impl AttentionShape {
         (n_splits, split_len)
     }
 
-    /// f32 elements of the partials scratch buffer `attention` needs.
+    /// f32 elements of the partials scratch buffer `attention` needs: per (token, head,
+    /// split) head_dim outputs, then per (token, head, split) a vec4 (max, sum, 0, 0).
     pub fn partials_len(&self) -> usize {
-        self.n_tokens * self.n_heads * self.splits().0 * (self.head_dim + 2)
+        self.n_tokens * self.n_heads * self.splits().0 * (self.head_dim + 4)
+    }
+
+    /// Where the splits' (max, sum) start in the partials, in vec4s.
+    fn stats_offset(&self) -> usize {
+        self.n_tokens * self.n_heads * self.splits().0 * self.head_dim / 4
     }
 }
 
@@ -380,6 +402,8 @@ pub struct Kernels {
     /// Matvecs reducing in workgroup memory, and with subgroupAdd (`with_subgroup_matvec`).
     matvec: MatvecPipelines,
     matvec_subgroup: Option<MatvecPipelines>,
+    /// Rows per matvec thread the matvec pipelines were built for.
+    matvec_rows: usize,
     matmul: Vec<(TensorType, wgpu::ComputePipeline)>,
     matmul_reduce: wgpu::ComputePipeline,
     /// The partial sums of a matmul with K split, reused by every such dispatch (grown when
@@ -588,11 +612,15 @@ impl Kernels {
                 })
                 .collect::<Vec<_>>()
         };
+        let matvec_rows = matvec_rows_per_thread();
+        let rows_header = format!(
+            "const ROWS_PER_THREAD: u32 = {matvec_rows}u;\nalias Dots = vec{matvec_rows}<f32>;\n"
+        );
         let matvec_per_type = |name: &str, header: &str, reduction: &str| {
             MATVEC_TYPES
                 .iter()
                 .map(|&(ty, block)| {
-                    let skeleton = format!("{MATVEC}\n{reduction}");
+                    let skeleton = format!("{rows_header}{MATVEC}\n{reduction}");
                     let label = format!("{name}_{ty}");
                     (
                         ty,
@@ -607,6 +635,7 @@ impl Kernels {
         let kernels = Kernels {
             matvec,
             matvec_subgroup,
+            matvec_rows,
             matmul: MATVEC_TYPES
                 .iter()
                 .map(|&(ty, block)| {
@@ -743,7 +772,7 @@ impl Kernels {
             check_len("matvec bias", b, m.rows())?;
         }
         // Workgroups of the first part, the largest: parts are dispatched one after another.
-        let workgroups = m.parts()[0].rows.div_ceil(MATVEC_ROWS_PER_THREAD);
+        let workgroups = m.parts()[0].rows.div_ceil(self.matvec_rows);
         let size = matvec_size_index(m.slices(), workgroups);
         let pipelines = match &self.matvec_subgroup {
             Some(subgroup) => &subgroup[..],
@@ -764,10 +793,7 @@ impl Kernels {
                 bias: bias.is_some() as u32,
                 pad: [0; 3],
             };
-            let groups = u32_arg(
-                "matvec workgroups",
-                part.rows.div_ceil(MATVEC_ROWS_PER_THREAD),
-            )?;
+            let groups = u32_arg("matvec workgroups", part.rows.div_ceil(self.matvec_rows))?;
             let name = format!("matvec {} {}x{}", m.ty(), part.rows, m.cols());
             // Without a bias, x is bound in its place (read-only, never read as a bias).
             let buffers = [&part.buffer, x, y, bias.unwrap_or(x)];
@@ -1034,10 +1060,16 @@ impl Kernels {
                 s.n_tokens, s.n_heads, s.n_kv_heads, s.capacity
             )));
         }
-        if s.head_dim == 0 || s.head_dim > MAX_HEAD_DIM {
+        // vec4 loads: heads and the layer's cache start at multiples of 4 elements
+        if s.head_dim == 0
+            || s.head_dim > MAX_HEAD_DIM
+            || !s.head_dim.is_multiple_of(4)
+            || !s.cache_offset.is_multiple_of(4)
+        {
             return Err(GpuError::Shape(format!(
-                "head_dim {} is not in 1..={MAX_HEAD_DIM}",
-                s.head_dim
+                "attention needs head_dim in 4..={MAX_HEAD_DIM}, a multiple of 4 (got {}), and \
+                 a cache offset that is a multiple of 4 (got {})",
+                s.head_dim, s.cache_offset
             )));
         }
         let cache_end = s.cache_offset + s.n_kv_heads * s.capacity * s.head_dim;
@@ -1057,7 +1089,8 @@ impl Kernels {
             scale: 1.0 / (s.head_dim as f32).sqrt(),
             n_splits: u32_arg("splits", n_splits)?,
             split_len: u32_arg("split length", split_len)?,
-            pad: [0; 3],
+            stats_offset: u32_arg("stats offset", s.stats_offset())?,
+            pad: [0; 2],
         };
         let groups = u32_arg("attention workgroups", s.n_tokens * s.n_heads * n_splits)?;
         Self::dispatch(
@@ -1075,7 +1108,8 @@ impl Kernels {
             n_tokens: params.n_tokens,
             n_splits: params.n_splits,
             split_len: params.split_len,
-            pad: [0; 3],
+            stats_offset: params.stats_offset,
+            pad: [0; 2],
         };
         let groups = u32_arg("attention workgroups", s.n_tokens * s.n_heads)?;
         Self::dispatch(

@@ -234,9 +234,9 @@ impl GpuSession {
         mut matrix: impl FnMut(&Matrix) -> Result<GpuMatrix>,
     ) -> Result<Self> {
         let c = model.config.clone();
-        if c.head_dim > crate::kernels::MAX_HEAD_DIM {
+        if c.head_dim > crate::kernels::MAX_HEAD_DIM || !c.head_dim.is_multiple_of(4) {
             return Err(GpuError::Shape(format!(
-                "head_dim {} exceeds the attention kernel's {}",
+                "head_dim {} is not what the attention kernel takes (a multiple of 4, at most {})",
                 c.head_dim,
                 crate::kernels::MAX_HEAD_DIM
             )));

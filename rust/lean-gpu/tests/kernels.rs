@@ -921,6 +921,18 @@ fn shape_errors_are_typed() {
         kernels.attention(ctx, &mut plan, &step, &b, &b, &b, &b, &b, wide),
         Err(GpuError::Shape(_))
     ));
+    // the kernel reads heads and the cache as vec4
+    for (head_dim, cache_offset) in [(6, 0), (8, 2)] {
+        let unaligned = AttentionShape {
+            head_dim,
+            cache_offset,
+            ..one
+        };
+        assert!(matches!(
+            kernels.attention(ctx, &mut plan, &step, &b, &b, &b, &b, &b, unaligned),
+            Err(GpuError::Shape(_))
+        ));
+    }
     assert!(matches!(
         kernels.argmax(ctx, &mut plan, &b, &b, 0),
         Err(GpuError::Shape(_))

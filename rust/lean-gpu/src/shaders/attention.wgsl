@@ -2,14 +2,19 @@
 // the KV cache, as HF computes it: softmax(q·kᵀ · scale) · v — first pass (split-K, "flash
 // decoding"): one workgroup per (token, head, split) handles the positions
 // [split * split_len, (split + 1) * split_len) that the token sees, walking them in chunks of
-// WORKGROUP with an online softmax (running max and sum, the output rescaled when the max
-// grows), and writes its partial (max, sum, unnormalized output) for attention_combine.wgsl.
-// Per chunk, LANES threads share each position's q·k (so a thread reads head_dim / LANES key
-// elements, not a whole row), and the threads split the probabilities·values product into
-// groups of head_dim threads, each group over every (WORKGROUP / head_dim)-th position.
+// CHUNK with an online softmax (running max and sum, the output rescaled when the max grows),
+// and writes its partial (unnormalized output, then max and sum) for attention_combine.wgsl.
 // Token t sits at position step.pos0 + t and sees positions 0 ..= pos0 + t; head h reads kv
 // head h / (n_heads / n_kv_heads). Splits let a single decoded token use many workgroups.
+//
+// Built for latency (a decode step waits for it between dependent dispatches): keys and
+// values are read as vec4, and every thread issues all its loads of a chunk at once (loops of
+// a fixed count the compiler unrolls, guarded), so a chunk costs about one memory round trip
+// for its keys and one for its values. Per chunk, LANES threads share each position's q·k;
+// for probabilities·values each group of head_dim / 4 threads takes every value_groups-th
+// position, a vec4 of dimensions per thread.
 // Cache layout, from cache_offset: keys and values both [kv_head][capacity][head_dim].
+// head_dim and cache_offset are multiples of 4 (kernels.rs checks).
 
 struct Params {
     n_heads: u32,
@@ -20,10 +25,10 @@ struct Params {
     cache_offset: u32, // elements: this layer's first key (and value)
     scale: f32,
     n_splits: u32,
-    split_len: u32,    // positions per split, a multiple of WORKGROUP
+    split_len: u32,    // positions per split, a multiple of CHUNK
+    stats_offset: u32, // vec4s: where the (max, sum) of the splits start in `partials`
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
 }
 
 struct Step {
@@ -35,26 +40,33 @@ struct Step {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<uniform> step: Step;
-@group(0) @binding(2) var<storage, read> q: array<f32>;    // [token][head][head_dim]
-@group(0) @binding(3) var<storage, read> keys: array<f32>;
-@group(0) @binding(4) var<storage, read> vals: array<f32>;
-// [token][head][split][2 + head_dim]: max, sum, then the unnormalized output
-@group(0) @binding(5) var<storage, read_write> partials: array<f32>;
+@group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;    // [token][head][head_dim]
+@group(0) @binding(3) var<storage, read> keys: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> vals: array<vec4<f32>>;
+// [token][head][split][head_dim]: the unnormalized outputs, then from stats_offset
+// [token][head][split] (max, sum, 0, 0)
+@group(0) @binding(5) var<storage, read_write> partials: array<vec4<f32>>;
 
 const WORKGROUP: u32 = 256u;
 // Positions per chunk, and threads per position's dot.
 const CHUNK: u32 = 64u;
 const LANES: u32 = WORKGROUP / CHUNK;
 const MAX_HEAD_DIM: u32 = 256u;
+// vec4s of a key row a lane reads, at most; positions a value group takes per chunk, at most
+// (value_groups is at least WORKGROUP / (MAX_HEAD_DIM / 4) = 4).
+const LANE_QUADS: u32 = MAX_HEAD_DIM / 4u / LANES;
+const GROUP_POSITIONS: u32 = CHUNK / 4u;
 // The lowest finite f32, written below its exact value: 3.4028235e38 rounds above f32::MAX as an
 // abstract float, which Tint (Chromium) rejects.
 const LOWEST: f32 = -3.4028234e38;
 
-var<workgroup> q_head: array<f32, MAX_HEAD_DIM>;
-// The lanes' partial dots, then the value groups' partial outputs.
+var<workgroup> q_head: array<vec4<f32>, MAX_HEAD_DIM / 4u>;
+// The lanes' partial dots.
 var<workgroup> lanes: array<f32, WORKGROUP>;
 var<workgroup> probs: array<f32, CHUNK>;
 var<workgroup> partial: array<f32, CHUNK>;
+// The value groups' partial outputs.
+var<workgroup> outs: array<vec4<f32>, WORKGROUP>;
 
 // Tree reduction of `partial` by max (is_max) or sum; every thread gets the result.
 fn reduce(lid: u32, is_max: bool) -> f32 {
@@ -75,6 +87,11 @@ fn reduce(lid: u32, is_max: bool) -> f32 {
     return result;
 }
 
+// acc + dot(a, b), as four chained fused multiply-adds.
+fn dot_acc(acc: f32, a: vec4<f32>, b: vec4<f32>) -> f32 {
+    return fma(a.w, b.w, fma(a.z, b.z, fma(a.y, b.y, fma(a.x, b.x, acc))));
+}
+
 @compute @workgroup_size(WORKGROUP)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
@@ -92,32 +109,35 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
         return;
     }
     let end = min(len, first + p.split_len);
-    let hd = p.head_dim;
-    let kv_base = p.cache_offset + (h / (p.n_heads / p.n_kv_heads)) * p.capacity * hd;
-    let q_base = (t * p.n_heads + h) * hd;
-    for (var d = lid; d < hd; d += WORKGROUP) {
-        q_head[d] = q[q_base + d];
+    let hd4 = p.head_dim / 4u;
+    let kv_base = p.cache_offset / 4u + (h / (p.n_heads / p.n_kv_heads)) * p.capacity * hd4;
+    let head = t * p.n_heads + h;
+    if (lid < hd4) {
+        q_head[lid] = q[head * hd4 + lid];
     }
     workgroupBarrier();
 
-    // This thread's share of the dots: position `at` of a chunk, dims lane, lane + LANES, ...
+    // This thread's share of the dots: position `at` of a chunk, quads lane, lane + LANES, ...
     let at = lid / LANES;
     let lane = lid % LANES;
-    // and of the output: dim vd over positions vg, vg + value_groups, ... (threads past the
+    // and of the output: quad vd over positions vg, vg + value_groups, ... (threads past the
     // last whole group idle there).
-    let value_groups = WORKGROUP / hd;
-    let vg = lid / hd;
-    let vd = lid % hd;
+    let value_groups = WORKGROUP / hd4;
+    let vg = lid / hd4;
+    let vd = lid % hd4;
     var running_max = LOWEST;
     var running_sum = 0.0;
-    var acc = 0.0;
+    var acc = vec4<f32>(0.0);
     for (var c0 = first; c0 < end; c0 += CHUNK) {
         let pos = c0 + at;
         var dot = 0.0;
         if (pos < end) {
-            let row = kv_base + pos * hd;
-            for (var d = lane; d < hd; d += LANES) {
-                dot += q_head[d] * keys[row + d];
+            let row = kv_base + pos * hd4;
+            for (var i = 0u; i < LANE_QUADS; i++) {
+                let d = lane + i * LANES;
+                if (d < hd4) {
+                    dot = dot_acc(dot, q_head[d], keys[row + d]);
+                }
             }
         }
         lanes[lid] = dot;
@@ -149,26 +169,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
         if (vg < value_groups) {
             let n = min(CHUNK, end - c0);
             var a = acc * rescale;
-            for (var j = vg; j < n; j += value_groups) {
-                a += probs[j] * vals[kv_base + (c0 + j) * hd + vd];
+            for (var i = 0u; i < GROUP_POSITIONS; i++) {
+                let j = vg + i * value_groups;
+                if (j < n) {
+                    a = fma(vec4<f32>(probs[j]), vals[kv_base + (c0 + j) * hd4 + vd], a);
+                }
             }
             acc = a;
         }
         // `lanes` and `probs` are rewritten by the next chunk.
         workgroupBarrier();
     }
-    lanes[lid] = acc;
+    outs[lid] = acc;
     workgroupBarrier();
-    let base = ((t * p.n_heads + h) * p.n_splits + split) * (hd + 2u);
+    let slot = head * p.n_splits + split;
     if (lid == 0u) {
-        partials[base] = running_max;
-        partials[base + 1u] = running_sum;
+        partials[p.stats_offset + slot] = vec4<f32>(running_max, running_sum, 0.0, 0.0);
     }
-    for (var d = lid; d < hd; d += WORKGROUP) {
-        var sum = 0.0;
+    if (lid < hd4) {
+        var sum = vec4<f32>(0.0);
         for (var g = 0u; g < value_groups; g++) {
-            sum += lanes[g * hd + d];
+            sum += outs[g * hd4 + lid];
         }
-        partials[base + 2u + d] = sum;
+        partials[slot * hd4 + lid] = sum;
     }
 }

@@ -1,7 +1,8 @@
 // Second pass of attention (see attention.wgsl): for each (token, head), the partials of the
 // splits the token saw are merged — rescaled to the overall max, summed, divided by the total
-// softmax sum. One workgroup per (token, head): a thread per split finds the weights, then a
-// thread per output dimension sums.
+// softmax sum. One workgroup per (token, head): a thread per split finds the weights, then each
+// group of head_dim / 4 threads sums every groups-th split, a vec4 of dimensions per thread, all
+// its loads issued at once (a loop of fixed count, guarded: latency, not bandwidth, is its cost).
 
 struct Params {
     n_heads: u32,
@@ -9,9 +10,9 @@ struct Params {
     n_tokens: u32,
     n_splits: u32,
     split_len: u32,
+    stats_offset: u32, // vec4s: where the splits' (max, sum) start in `partials`
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
 }
 
 struct Step {
@@ -23,21 +24,26 @@ struct Step {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<uniform> step: Step;
-@group(0) @binding(2) var<storage, read> partials: array<f32>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>; // [token][head][head_dim]
+@group(0) @binding(2) var<storage, read> partials: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>; // [token][head][head_dim]
 
-const WORKGROUP: u32 = 64u;
+const WORKGROUP: u32 = 256u;
 // At most this many splits (kernels.rs: ATTENTION_SPLITS_PER_HEAD).
 const MAX_SPLITS: u32 = 64u;
+const MAX_HEAD_DIM: u32 = 256u;
+// Splits a group of threads takes at most (there are at least WORKGROUP / (MAX_HEAD_DIM / 4)
+// groups).
+const GROUP_SPLITS: u32 = MAX_SPLITS / (WORKGROUP / (MAX_HEAD_DIM / 4u));
 
-// Per split: its weight exp(max_s - overall max) / total.
+// Per split: its weight exp(max_s - overall max).
 var<workgroup> weights: array<f32, MAX_SPLITS>;
-var<workgroup> partial: array<f32, WORKGROUP>;
+var<workgroup> partial: array<f32, MAX_SPLITS>;
+var<workgroup> outs: array<vec4<f32>, WORKGROUP>;
 
 // Tree reduction of `partial` by max (is_max) or sum; every thread gets the result.
 fn reduce(lid: u32, is_max: bool) -> f32 {
     workgroupBarrier();
-    for (var s = WORKGROUP / 2u; s > 0u; s >>= 1u) {
+    for (var s = MAX_SPLITS / 2u; s > 0u; s >>= 1u) {
         if (lid < s) {
             if (is_max) {
                 partial[lid] = max(partial[lid], partial[lid + s]);
@@ -61,34 +67,47 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     if (t >= p.n_tokens) {
         return;
     }
-    let hd = p.head_dim;
+    let hd4 = p.head_dim / 4u;
     let len = step.pos0 + t + 1u;
     let used = (len + p.split_len - 1u) / p.split_len;
-    let base = (t * p.n_heads + h) * p.n_splits * (hd + 2u);
-    // Thread s < used holds split s's max and sum (WORKGROUP = MAX_SPLITS covers them all).
-    var split_max = -3.4028234e38;
-    var split_sum = 0.0;
+    let first = (t * p.n_heads + h) * p.n_splits;
+    // Thread s < used holds split s's max and sum.
+    var stats = vec4<f32>(-3.4028234e38, 0.0, 0.0, 0.0);
     if (lid < used) {
-        split_max = partials[base + lid * (hd + 2u)];
-        split_sum = partials[base + lid * (hd + 2u) + 1u];
+        stats = partials[p.stats_offset + first + lid];
     }
-    partial[lid] = split_max;
+    if (lid < MAX_SPLITS) {
+        partial[lid] = stats.x;
+    }
     let overall_max = reduce(lid, true);
     var scale = 0.0;
     if (lid < used) {
-        scale = exp(split_max - overall_max);
+        scale = exp(stats.x - overall_max);
     }
-    partial[lid] = split_sum * scale;
-    let total = reduce(lid, false);
     if (lid < MAX_SPLITS) {
+        partial[lid] = stats.y * scale;
         weights[lid] = scale;
     }
-    workgroupBarrier();
-    for (var d = lid; d < hd; d += WORKGROUP) {
-        var acc = 0.0;
-        for (var s = 0u; s < used; s++) {
-            acc += partials[base + s * (hd + 2u) + 2u + d] * weights[s];
+    let total = reduce(lid, false); // its barriers also publish `weights`
+    let split_groups = WORKGROUP / hd4;
+    let g = lid / hd4;
+    let d = lid % hd4;
+    var acc = vec4<f32>(0.0);
+    if (g < split_groups) {
+        for (var i = 0u; i < GROUP_SPLITS; i++) {
+            let s = g + i * split_groups;
+            if (s < used) {
+                acc = fma(vec4<f32>(weights[s]), partials[(first + s) * hd4 + d], acc);
+            }
         }
-        out[(t * p.n_heads + h) * hd + d] = acc / total;
+    }
+    outs[lid] = acc;
+    workgroupBarrier();
+    if (lid < hd4) {
+        var sum = vec4<f32>(0.0);
+        for (var k = 0u; k < split_groups; k++) {
+            sum += outs[k * hd4 + lid];
+        }
+        out[(t * p.n_heads + h) * hd4 + lid] = sum / total;
     }
 }

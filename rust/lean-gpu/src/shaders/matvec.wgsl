@@ -4,7 +4,8 @@
 //
 // A workgroup owns ROWS_PER_THREAD rows; its threads take consecutive slices (so a subgroup's
 // loads are contiguous), each thread dotting a slice's activations with all the rows (x is read
-// once per 2 rows). A reduction entry point appended to this file (matvec_subgroup.wgsl or
+// once per ROWS_PER_THREAD rows). kernels.rs prepends ROWS_PER_THREAD and `Dots`, the vector
+// of a thread's partial dots (vec2 or vec4). A reduction entry point appended to this file (matvec_subgroup.wgsl or
 // matvec_workgroup.wgsl) sums the threads' partial dots and calls store_rows(). WORKGROUP is
 // set per pipeline (kernels.rs picks 64, 128 or 256 threads from the row length).
 
@@ -29,24 +30,23 @@ struct Params {
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 
 override WORKGROUP: u32 = 256u;
-const ROWS_PER_THREAD: u32 = 2u;
 
-// The partial dots with the workgroup's 2 rows of its thread `lid`.
-fn partial_dots(group: u32, lid: u32) -> vec2<f32> {
+// The partial dots with the workgroup's rows of its thread `lid`.
+fn partial_dots(group: u32, lid: u32) -> Dots {
     let first = group * ROWS_PER_THREAD;
-    // A row past the part's end repeats its last row (store_rows skips it): no branches here.
-    let r0 = min(first, p.rows - 1u);
-    let r1 = min(first + 1u, p.rows - 1u);
-    var acc = vec2<f32>(0.0);
+    var acc = Dots(0.0);
     for (var s = lid; s < row_slices(); s += WORKGROUP) {
         let xs = slice_x(s);
-        acc += vec2<f32>(slice_dot(r0, s, xs), slice_dot(r1, s, xs));
+        for (var i = 0u; i < ROWS_PER_THREAD; i++) {
+            // A row past the part's end repeats its last row (store_rows skips it).
+            acc[i] += slice_dot(min(first + i, p.rows - 1u), s, xs);
+        }
     }
     return acc;
 }
 
 // Writes the dots of the workgroup `group` with its rows.
-fn store_rows(group: u32, dots: vec2<f32>) {
+fn store_rows(group: u32, dots: Dots) {
     for (var i = 0u; i < ROWS_PER_THREAD; i++) {
         let r = group * ROWS_PER_THREAD + i;
         if (r < p.rows) {

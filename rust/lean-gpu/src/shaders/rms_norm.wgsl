@@ -1,4 +1,7 @@
 // HF LlamaRMSNorm per row: out = w * (x * (1 / sqrt(mean(x²) + eps))). One workgroup per row.
+// Decode runs this on one short row between dependent matvecs, so it is built for latency: a
+// thread issues all its loads at once (a fixed-count loop the compiler unrolls, HELD elements
+// kept in registers for the second pass) instead of one load per loop trip.
 
 struct Params {
     n: u32,      // elements per row
@@ -13,6 +16,8 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
 const WORKGROUP: u32 = 256u;
+// Elements a thread keeps in registers: rows of up to 4096 elements are read once.
+const HELD: u32 = 16u;
 var<workgroup> partial: array<f32, WORKGROUP>;
 
 @compute @workgroup_size(WORKGROUP)
@@ -24,22 +29,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
         return;
     }
     let base = row * p.n;
+    var held: array<f32, HELD>;
     var acc = 0.0;
-    for (var i = lid; i < p.n; i += WORKGROUP) {
+    for (var k = 0u; k < HELD; k++) {
+        let i = lid + k * WORKGROUP;
+        if (i < p.n) {
+            held[k] = x[base + i];
+            acc = fma(held[k], held[k], acc);
+        }
+    }
+    // Longer rows: the rest is read twice.
+    for (var i = lid + HELD * WORKGROUP; i < p.n; i += WORKGROUP) {
         let v = x[base + i];
-        acc += v * v;
+        acc = fma(v, v, acc);
     }
     partial[lid] = acc;
-    workgroupBarrier();
     for (var s = WORKGROUP / 2u; s > 0u; s >>= 1u) {
+        workgroupBarrier();
         if (lid < s) {
             partial[lid] += partial[lid + s];
         }
-        workgroupBarrier();
     }
+    workgroupBarrier();
     // inverseSqrt() is allowed 2 ulp of error; a true division keeps HF's rounding.
     let inv = 1.0 / sqrt(partial[0] / f32(p.n) + p.eps);
-    for (var i = lid; i < p.n; i += WORKGROUP) {
+    for (var k = 0u; k < HELD; k++) {
+        let i = lid + k * WORKGROUP;
+        if (i < p.n) {
+            out[base + i] = weight[i] * (held[k] * inv);
+        }
+    }
+    for (var i = lid + HELD * WORKGROUP; i < p.n; i += WORKGROUP) {
         out[base + i] = weight[i] * (x[base + i] * inv);
     }
 }
