@@ -165,6 +165,10 @@ struct MatvecParams {
     first_row: u32,
     accumulate: u32,
     bias: u32,
+    norm: u32,
+    eps: f32,
+    silu: u32,
+    up_offset: u32,
     pad: [u32; 3],
 }
 
@@ -282,6 +286,21 @@ pub struct Rope {
     pub rope_dim: usize,
     pub positions: usize,
     pub pairing: RopePairing,
+}
+
+/// What a matvec fuses in besides y = W·x (`Kernels::matvec_with`).
+#[derive(Copy, Clone, Default)]
+pub struct MatvecExtras<'a> {
+    /// x is RMS-normalized first (rms_norm's values): the norm's weights, zero-padded to a
+    /// multiple of 8 elements, and its eps.
+    pub norm: Option<(&'a wgpu::Buffer, f32)>,
+    /// x is a gate and the activations silu(x) · up, up starting at the given element (a
+    /// multiple of 4) of its buffer, which holds 8 × `GpuMatrix::slices()` f32 from there.
+    pub silu_up: Option<(&'a wgpu::Buffer, usize)>,
+    /// Plus bias[row].
+    pub bias: Option<&'a wgpu::Buffer>,
+    /// y += (a residual add), after the bias.
+    pub accumulate: bool,
 }
 
 /// Shape of one causal attention of `n_tokens` new tokens (their positions start at the step
@@ -476,7 +495,11 @@ unsafe fn trusted_module(ctx: &GpuContext, label: &str, source: &str) -> wgpu::S
 ///   F32 reads clamp to cols - 1), and `x` holds at least `cols` f32 (checked);
 /// - y: stores go to `first_row + r` for part rows r, below `rows()`, which `y` holds
 ///   (checked), and a bias is read at the same index only when bound (checked to hold
-///   `rows()`; x stands in otherwise and is never read as one); the workgroup arrays (256 entries) are indexed below WORKGROUP (at most 256)
+///   `rows()`; x stands in otherwise and is never read as one);
+/// - a norm's weights are read as vec4 2s and 2s + 1 for slices s below `row_slices()`, so
+///   below 8 × slices f32, which the bound buffer holds (checked; the weight part stands in
+///   when there is no norm, and is never read as one); up likewise from up_offset (checked);
+/// - the workgroup arrays (256 entries) are indexed below WORKGROUP (at most 256)
 ///   or by subgroup, below num_subgroups (at most WORKGROUP);
 /// - every loop steps by at least 1 toward a fixed bound, and the only divisions are by
 ///   constants.
@@ -727,7 +750,7 @@ impl Kernels {
         x: &wgpu::Buffer,
         y: &wgpu::Buffer,
     ) -> Result<()> {
-        self.matvec_into(ctx, plan, m, x, y, false, None)
+        self.matvec_with(ctx, plan, m, x, y, MatvecExtras::default())
     }
 
     /// y = W·x + bias: matvec with a bias add fused in (the same f32 rounding as a separate add).
@@ -740,7 +763,11 @@ impl Kernels {
         bias: &wgpu::Buffer,
         y: &wgpu::Buffer,
     ) -> Result<()> {
-        self.matvec_into(ctx, plan, m, x, y, false, Some(bias))
+        let extras = MatvecExtras {
+            bias: Some(bias),
+            ..Default::default()
+        };
+        self.matvec_with(ctx, plan, m, x, y, extras)
     }
 
     /// y += W·x: matvec with the residual add fused in (the same f32 rounding as a separate add).
@@ -752,24 +779,39 @@ impl Kernels {
         x: &wgpu::Buffer,
         y: &wgpu::Buffer,
     ) -> Result<()> {
-        self.matvec_into(ctx, plan, m, x, y, true, None)
+        let extras = MatvecExtras {
+            accumulate: true,
+            ..Default::default()
+        };
+        self.matvec_with(ctx, plan, m, x, y, extras)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn matvec_into(
+    /// y = W·x with what `extras` fuses in: an RMS norm of x first, a bias, a residual add.
+    pub fn matvec_with(
         &self,
         ctx: &GpuContext,
         plan: &mut Plan,
         m: &GpuMatrix,
         x: &wgpu::Buffer,
         y: &wgpu::Buffer,
-        accumulate: bool,
-        bias: Option<&wgpu::Buffer>,
+        extras: MatvecExtras,
     ) -> Result<()> {
         check_len("matvec x", x, m.cols())?;
         check_len("matvec y", y, m.rows())?;
-        if let Some(b) = bias {
+        if let Some(b) = extras.bias {
             check_len("matvec bias", b, m.rows())?;
+        }
+        if let Some((weight, _)) = extras.norm {
+            // read a slice (8 elements) at a time
+            check_len("matvec norm weight", weight, m.slices() * 8)?;
+        }
+        if let Some((up, offset)) = extras.silu_up {
+            if !offset.is_multiple_of(4) {
+                return Err(GpuError::Shape(format!(
+                    "matvec: up starts at element {offset}, not a multiple of 4"
+                )));
+            }
+            check_len("matvec up", up, offset + m.slices() * 8)?;
         }
         // Workgroups of the first part, the largest: parts are dispatched one after another.
         let workgroups = m.parts()[0].rows.div_ceil(self.matvec_rows);
@@ -789,14 +831,33 @@ impl Kernels {
                 rows: u32_arg("rows", part.rows)?,
                 cols: u32_arg("cols", m.cols())?,
                 first_row: u32_arg("first row", part.first_row)?,
-                accumulate: accumulate as u32,
-                bias: bias.is_some() as u32,
+                accumulate: extras.accumulate as u32,
+                bias: extras.bias.is_some() as u32,
+                norm: extras.norm.is_some() as u32,
+                eps: extras.norm.map_or(0.0, |(_, eps)| eps),
+                silu: extras.silu_up.is_some() as u32,
+                up_offset: u32_arg("up offset", extras.silu_up.map_or(0, |(_, o)| o / 4))?,
                 pad: [0; 3],
             };
             let groups = u32_arg("matvec workgroups", part.rows.div_ceil(self.matvec_rows))?;
-            let name = format!("matvec {} {}x{}", m.ty(), part.rows, m.cols());
-            // Without a bias, x is bound in its place (read-only, never read as a bias).
-            let buffers = [&part.buffer, x, y, bias.unwrap_or(x)];
+            let name = format!(
+                "matvec{}{} {} {}x{}",
+                if extras.norm.is_some() { "+norm" } else { "" },
+                if extras.silu_up.is_some() {
+                    "+silu"
+                } else {
+                    ""
+                },
+                m.ty(),
+                part.rows,
+                m.cols()
+            );
+            // Without a bias, x is bound in its place, and without a norm the weights (at
+            // least a vec4): read-only, never read as them.
+            let bias = extras.bias.unwrap_or(x);
+            let norm = extras.norm.map_or(&part.buffer, |(weight, _)| weight);
+            let up = extras.silu_up.map_or(&part.buffer, |(up, _)| up);
+            let buffers = [&part.buffer, x, y, bias, norm, up];
             Self::dispatch(ctx, plan, name, pipeline, &params, &buffers, groups)?;
         }
         Ok(())

@@ -15,8 +15,8 @@ mod weights;
 pub use context::GpuContext;
 pub use error::{GpuError, Result};
 pub use kernels::{
-    argmax_len, matvec_supports, rope_cos_sin, AttentionShape, Kernels, Rope, RopePairing,
-    StepBuffer, MAX_HEAD_DIM,
+    argmax_len, matvec_supports, rope_cos_sin, AttentionShape, Kernels, MatvecExtras, Rope,
+    RopePairing, StepBuffer, MAX_HEAD_DIM,
 };
 pub use plan::Plan;
 pub use session::{GpuModel, GpuSession};

@@ -7,7 +7,7 @@
 //! logits. The decode plan (one token) is recorded once; prefill plans per chunk size.
 use crate::context::{GpuContext, MapRequest};
 use crate::error::{GpuError, Result};
-use crate::kernels::{AttentionShape, Kernels, Rope, RopePairing, StepBuffer};
+use crate::kernels::{AttentionShape, Kernels, MatvecExtras, Rope, RopePairing, StepBuffer};
 use crate::plan::Plan;
 use crate::profile::Profiler;
 use crate::weights::GpuMatrix;
@@ -72,8 +72,6 @@ struct Activations {
     gate: wgpu::Buffer,
     up: wgpu::Buffer,
     act: wgpu::Buffer,
-    /// The last token's hidden state (its final norm) when only its logits are wanted.
-    last: wgpu::Buffer,
     /// Logits of the last token, or of every token of a chunk (`Logits::All`, made on demand).
     logits: wgpu::Buffer,
     logits_all: Option<wgpu::Buffer>,
@@ -160,6 +158,14 @@ fn trace() -> bool {
     *TRACE.get_or_init(|| {
         !cfg!(target_arch = "wasm32") && std::env::var_os("LEAN_GPU_TRACE").is_some()
     })
+}
+
+/// An RMS norm's weights, zero-padded to whole units (32 elements): a matvec that fuses the norm
+/// in reads them a slice at a time.
+fn upload_norm(ctx: &GpuContext, label: &str, weight: &[f32]) -> wgpu::Buffer {
+    let mut padded = weight.to_vec();
+    padded.resize(weight.len().next_multiple_of(32), 0.0);
+    ctx.upload_f32(label, &padded)
 }
 
 fn to_lean(e: GpuError) -> LeanError {
@@ -265,7 +271,7 @@ impl GpuSession {
             .map(|l| {
                 let bias = |b: &Option<Vec<f32>>| b.as_ref().map(|b| ctx.upload_f32("bias", b));
                 Ok(LayerBuffers {
-                    attn_norm: ctx.upload_f32("attn_norm", &l.attn_norm),
+                    attn_norm: upload_norm(&ctx, "attn_norm", &l.attn_norm),
                     wq: matrix(&l.wq)?,
                     wk: matrix(&l.wk)?,
                     wv: matrix(&l.wv)?,
@@ -273,7 +279,7 @@ impl GpuSession {
                     bk: bias(&l.bk),
                     bv: bias(&l.bv),
                     wo: matrix(&l.wo)?,
-                    ffn_norm: ctx.upload_f32("ffn_norm", &l.ffn_norm),
+                    ffn_norm: upload_norm(&ctx, "ffn_norm", &l.ffn_norm),
                     w_gate: matrix(&l.w_gate)?,
                     w_up: matrix(&l.w_up)?,
                     w_down: matrix(&l.w_down)?,
@@ -284,7 +290,7 @@ impl GpuSession {
             .collect::<Result<Vec<_>>>()?;
         let gpu_model = GpuModel {
             token_embd: matrix(&w.token_embd)?,
-            output_norm: ctx.upload_f32("output_norm", &w.output_norm),
+            output_norm: upload_norm(&ctx, "output_norm", &w.output_norm),
             output: if w.tied_output {
                 None
             } else {
@@ -319,10 +325,10 @@ impl GpuSession {
             v: ctx.storage_f32("v", n * c.kv_dim()),
             attn: ctx.storage_f32("attn", n * c.q_dim()),
             partials: ctx.storage_f32("attention partials", partials_len),
-            gate: ctx.storage_f32("gate", n * c.n_ff),
-            up: ctx.storage_f32("up", n * c.n_ff),
+            // whole units: a matvec fusing silu · up reads them a slice at a time
+            gate: ctx.storage_f32("gate", (n * c.n_ff).next_multiple_of(32)),
+            up: ctx.storage_f32("up", (n * c.n_ff).next_multiple_of(32)),
             act: ctx.storage_f32("act", n * c.n_ff),
-            last: ctx.storage_f32("last", c.n_embd),
             logits: ctx.storage_f32("logits", c.vocab_size),
             logits_all: None,
             argmax: ctx.storage_f32("argmax", crate::kernels::argmax_len(c.vocab_size)),
@@ -403,21 +409,28 @@ impl GpuSession {
         };
         let mut p = Plan::new();
         k.embed(ctx, &mut p, &self.model.token_embd, &a.ids, &a.x, n)?;
+        let eps = c.rms_eps;
         for l in &self.layers {
-            k.rms_norm(ctx, &mut p, &a.x, &l.attn_norm, &a.h, e, n, c.rms_eps)?;
+            // One token: the norms are fused into the matvecs that read them.
+            if n > 1 {
+                k.rms_norm(ctx, &mut p, &a.x, &l.attn_norm, &a.h, e, n, eps)?;
+            }
             for (m, b, y, len) in [
                 (&l.wq, &l.bq, &a.q, qd),
                 (&l.wk, &l.bk, &a.k, kvd),
                 (&l.wv, &l.bv, &a.v, kvd),
             ] {
-                match (n, b) {
-                    // one token: the bias add fused into the matvec
-                    (1, Some(b)) => k.matvec_bias(ctx, &mut p, m, &a.h, b, y)?,
-                    _ => {
-                        self.linear(&mut p, m, &a.h, y, n, false)?;
-                        if let Some(b) = b {
-                            k.add(ctx, &mut p, y, b, n * len, len)?;
-                        }
+                if n == 1 {
+                    let extras = MatvecExtras {
+                        norm: Some((&l.attn_norm, eps)),
+                        bias: b.as_ref(),
+                        ..Default::default()
+                    };
+                    k.matvec_with(ctx, &mut p, m, &a.x, y, extras)?;
+                } else {
+                    self.linear(&mut p, m, &a.h, y, n, false)?;
+                    if let Some(b) = b {
+                        k.add(ctx, &mut p, y, b, n * len, len)?;
                     }
                 }
             }
@@ -443,18 +456,37 @@ impl GpuSession {
                 attention,
             )?;
             self.linear(&mut p, &l.wo, &a.attn, &a.x, n, true)?;
-            k.rms_norm(ctx, &mut p, &a.x, &l.ffn_norm, &a.h, e, n, c.rms_eps)?;
-            self.linear(&mut p, &l.w_gate, &a.h, &a.gate, n, false)?;
-            self.linear(&mut p, &l.w_up, &a.h, &a.up, n, false)?;
-            k.silu_mul(ctx, &mut p, &a.gate, &a.up, &a.act, n * ff)?;
-            self.linear(&mut p, &l.w_down, &a.act, &a.x, n, true)?;
+            if n == 1 {
+                let extras = MatvecExtras {
+                    norm: Some((&l.ffn_norm, eps)),
+                    ..Default::default()
+                };
+                k.matvec_with(ctx, &mut p, &l.w_gate, &a.x, &a.gate, extras)?;
+                k.matvec_with(ctx, &mut p, &l.w_up, &a.x, &a.up, extras)?;
+            } else {
+                k.rms_norm(ctx, &mut p, &a.x, &l.ffn_norm, &a.h, e, n, eps)?;
+                self.linear(&mut p, &l.w_gate, &a.h, &a.gate, n, false)?;
+                self.linear(&mut p, &l.w_up, &a.h, &a.up, n, false)?;
+            }
+            if n == 1 {
+                let extras = MatvecExtras {
+                    silu_up: Some((&a.up, 0)),
+                    accumulate: true,
+                    ..Default::default()
+                };
+                k.matvec_with(ctx, &mut p, &l.w_down, &a.gate, &a.x, extras)?;
+            } else {
+                k.silu_mul(ctx, &mut p, &a.gate, &a.up, &a.act, n * ff)?;
+                self.linear(&mut p, &l.w_down, &a.act, &a.x, n, true)?;
+            }
         }
         let head = self.model.output();
         match output {
             Output::Nothing => {}
             Output::Last => {
-                // Only the last row goes through the final norm and the head (a copy when
-                // there are several rows: it would split the compute pass for nothing).
+                // Only the last row goes through the final norm (fused into the head's
+                // matvec) and the head (a copy when there are several rows: it would split the
+                // compute pass for nothing).
                 let last_row = if n == 1 {
                     &a.x
                 } else {
@@ -462,17 +494,11 @@ impl GpuSession {
                     p.copy(&a.x, (n - 1) as u64 * row, &a.h, 0, row);
                     &a.h
                 };
-                k.rms_norm(
-                    ctx,
-                    &mut p,
-                    last_row,
-                    &self.model.output_norm,
-                    &a.last,
-                    e,
-                    1,
-                    c.rms_eps,
-                )?;
-                k.matvec(ctx, &mut p, head, &a.last, &a.logits)?;
+                let extras = MatvecExtras {
+                    norm: Some((&self.model.output_norm, eps)),
+                    ..Default::default()
+                };
+                k.matvec_with(ctx, &mut p, head, last_row, &a.logits, extras)?;
                 k.argmax(ctx, &mut p, &a.logits, &a.argmax, c.vocab_size)?;
             }
             Output::All => {
@@ -480,16 +506,7 @@ impl GpuSession {
                     .logits_all
                     .as_ref()
                     .ok_or_else(|| GpuError::Shape("no logits buffer for every token".into()))?;
-                k.rms_norm(
-                    ctx,
-                    &mut p,
-                    &a.x,
-                    &self.model.output_norm,
-                    &a.h,
-                    e,
-                    n,
-                    c.rms_eps,
-                )?;
+                k.rms_norm(ctx, &mut p, &a.x, &self.model.output_norm, &a.h, e, n, eps)?;
                 self.linear(&mut p, head, &a.h, logits, n, false)?;
             }
         }

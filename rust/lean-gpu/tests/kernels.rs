@@ -9,8 +9,8 @@
 use half::f16;
 use lean_gpu::wgpu;
 use lean_gpu::{
-    argmax_len, rope_cos_sin, AttentionShape, GpuContext, GpuError, GpuMatrix, Kernels, Plan, Rope,
-    RopePairing, StepBuffer,
+    argmax_len, rope_cos_sin, AttentionShape, GpuContext, GpuError, GpuMatrix, Kernels,
+    MatvecExtras, Plan, Rope, RopePairing, StepBuffer,
 };
 use lean_quant::{scalar, TensorType};
 use std::sync::OnceLock;
@@ -439,6 +439,121 @@ fn matvec_bias_fuses_the_bias_add() {
         let product = read_f32(ctx, &plain, rows);
         let want: Vec<f32> = product.iter().zip(&bias).map(|(p, b)| p + b).collect();
         assert_eq!(read_f32(ctx, &fused, rows), want, "{ty}");
+    }
+}
+
+/// A matvec with the RMS norm fused in equals rms_norm then matvec: the normalized x is the
+/// same (to the sum's rounding), on split parts, ragged F32 rows and every workgroup size, with
+/// a bias and a residual add fused in too.
+#[test]
+fn matvec_fuses_the_rms_norm() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut rng = Rng(191);
+    for (ty, rows, cols, part_rows) in [
+        (TensorType::Q4_0, 45, 96, 20),
+        (TensorType::Q6_K, 33, 512, 33),
+        (TensorType::F32, 7, 1000, 3),
+        (TensorType::Q8_0, 300, 2048, 300),
+        (TensorType::Q4_K, 4, 4096, 4),
+    ] {
+        let w = random_matrix(&mut rng, ty, rows, cols);
+        let part = (ty.row_bytes(cols).unwrap() * part_rows) as u64;
+        let m = GpuMatrix::upload_split(ctx, ty, rows, cols, &w, part).unwrap();
+        let x = rng.floats(cols, 2.0);
+        let norm = rng.floats(cols, 1.5);
+        let mut padded = norm.clone();
+        padded.resize(cols.next_multiple_of(32), 0.0);
+        let bias = rng.floats(rows, 1.0);
+        let residual = rng.floats(rows, 1.0);
+        let (xb, nb, pb, bb) = (
+            ctx.upload_f32("x", &x),
+            ctx.upload_f32("norm", &norm),
+            ctx.upload_f32("norm padded", &padded),
+            ctx.upload_f32("bias", &bias),
+        );
+        let (hb, plain, fused) = (
+            ctx.storage_f32("h", cols),
+            ctx.upload_f32("plain", &residual),
+            ctx.upload_f32("fused", &residual),
+        );
+        let eps = 1e-6;
+        submit(ctx, |p| {
+            kernels.rms_norm(ctx, p, &xb, &nb, &hb, cols, 1, eps)?;
+            kernels.matvec(ctx, p, &m, &hb, &plain)?;
+            let extras = MatvecExtras {
+                norm: Some((&pb, eps)),
+                bias: Some(&bb),
+                accumulate: true,
+                ..Default::default()
+            };
+            kernels.matvec_with(ctx, p, &m, &xb, &fused, extras)
+        });
+        let h = read_f32(ctx, &hb, cols);
+        let want = reference_matvec(ty, &w, rows, cols, &h);
+        let product = read_f32(ctx, &plain, rows);
+        let got = read_f32(ctx, &fused, rows);
+        for r in 0..rows {
+            let (exact, abs) = want[r];
+            assert!(
+                (product[r] as f64 - exact).abs() <= TOLERANCE * abs + 1e-30,
+                "{ty} {rows}x{cols} row {r}: unfused {} vs {exact}",
+                product[r]
+            );
+            let expected = residual[r] as f64 + bias[r] as f64 + exact;
+            let err = (got[r] as f64 - expected).abs();
+            let bound = TOLERANCE * abs + 1e-6 * (residual[r].abs() + bias[r].abs()) as f64;
+            assert!(
+                err <= bound,
+                "{ty} {rows}x{cols} row {r}: fused {} vs {expected}",
+                got[r]
+            );
+        }
+    }
+}
+
+/// A matvec reading silu(gate) · up straight from gate and up equals silu_mul then the
+/// matvec, bit for bit (the same expressions in the same order), up at an offset too.
+#[test]
+fn matvec_fuses_silu_mul() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut rng = Rng(193);
+    for (ty, rows, cols, part_rows, up_offset) in [
+        (TensorType::Q4_0, 45, 96, 20, 0),
+        (TensorType::Q6_K, 33, 512, 33, 8),
+        (TensorType::F32, 7, 1000, 3, 4),
+    ] {
+        let w = random_matrix(&mut rng, ty, rows, cols);
+        let part = (ty.row_bytes(cols).unwrap() * part_rows) as u64;
+        let m = GpuMatrix::upload_split(ctx, ty, rows, cols, &w, part).unwrap();
+        let gate = rng.floats(cols, 4.0);
+        let mut up = rng.floats(up_offset + cols.next_multiple_of(32), 2.0);
+        up[up_offset + cols..].fill(0.0);
+        let residual = rng.floats(rows, 1.0);
+        let (gb, ub, upb) = (
+            ctx.upload_f32("gate", &gate),
+            ctx.upload_f32("up", &up),
+            ctx.upload_f32("up alone", &up[up_offset..up_offset + cols]),
+        );
+        let (act, plain, fused) = (
+            ctx.storage_f32("act", cols),
+            ctx.upload_f32("plain", &residual),
+            ctx.upload_f32("fused", &residual),
+        );
+        submit(ctx, |p| {
+            kernels.silu_mul(ctx, p, &gb, &upb, &act, cols)?;
+            kernels.matvec_add(ctx, p, &m, &act, &plain)?;
+            let extras = MatvecExtras {
+                silu_up: Some((&ub, up_offset)),
+                accumulate: true,
+                ..Default::default()
+            };
+            kernels.matvec_with(ctx, p, &m, &gb, &fused, extras)
+        });
+        assert_eq!(
+            read_f32(ctx, &fused, rows),
+            read_f32(ctx, &plain, rows),
+            "{ty} {rows}x{cols}"
+        );
     }
 }
 
