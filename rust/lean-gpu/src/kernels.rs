@@ -97,22 +97,8 @@ fn matmul_split(groups: usize, cols: usize, max_splits: usize) -> (usize, usize)
 }
 
 /// Rows each matvec thread dots its slices with, and so rows per workgroup (matvec.wgsl:
-/// ROWS_PER_THREAD): 2 or 4. More rows read x less often per weight.
+/// ROWS_PER_THREAD). 4 was slower on an H200 (the 2048 × 11008 down projection: 12.6 -> 16.2 µs).
 const MATVEC_ROWS_PER_THREAD: usize = 2;
-
-/// The rows per matvec thread to build: MATVEC_ROWS_PER_THREAD, or natively
-/// LEAN_GPU_MATVEC_ROWS (2 or 4) to compare them on a device.
-fn matvec_rows_per_thread() -> usize {
-    #[cfg(not(target_arch = "wasm32"))]
-    if let Some(rows) = std::env::var("LEAN_GPU_MATVEC_ROWS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|r| [2, 4].contains(r))
-    {
-        return rows;
-    }
-    MATVEC_ROWS_PER_THREAD
-}
 /// Threads per workgroup of the element-wise kernels (rope_kv_store, silu_mul, add).
 const ELEMENTWISE_GROUP: u32 = 64;
 
@@ -291,8 +277,8 @@ pub struct Rope {
 /// What a matvec fuses in besides y = W·x (`Kernels::matvec_with`).
 #[derive(Copy, Clone, Default)]
 pub struct MatvecExtras<'a> {
-    /// x is RMS-normalized first (rms_norm's values): the norm's weights, zero-padded to a
-    /// multiple of 8 elements, and its eps.
+    /// x is RMS-normalized (LlamaRMSNorm; the dot is scaled, not each x): the norm's weights,
+    /// zero-padded to a multiple of 8 elements, and its eps.
     pub norm: Option<(&'a wgpu::Buffer, f32)>,
     /// x is a gate and the activations silu(x) · up, up starting at the given element (a
     /// multiple of 4) of its buffer, which holds 8 × `GpuMatrix::slices()` f32 from there.
@@ -421,8 +407,6 @@ pub struct Kernels {
     /// Matvecs reducing in workgroup memory, and with subgroupAdd (`with_subgroup_matvec`).
     matvec: MatvecPipelines,
     matvec_subgroup: Option<MatvecPipelines>,
-    /// Rows per matvec thread the matvec pipelines were built for.
-    matvec_rows: usize,
     matmul: Vec<(TensorType, wgpu::ComputePipeline)>,
     matmul_reduce: wgpu::ComputePipeline,
     /// The partial sums of a matmul with K split, reused by every such dispatch (grown when
@@ -635,15 +619,11 @@ impl Kernels {
                 })
                 .collect::<Vec<_>>()
         };
-        let matvec_rows = matvec_rows_per_thread();
-        let rows_header = format!(
-            "const ROWS_PER_THREAD: u32 = {matvec_rows}u;\nalias Dots = vec{matvec_rows}<f32>;\n"
-        );
         let matvec_per_type = |name: &str, header: &str, reduction: &str| {
             MATVEC_TYPES
                 .iter()
                 .map(|&(ty, block)| {
-                    let skeleton = format!("{rows_header}{MATVEC}\n{reduction}");
+                    let skeleton = format!("{MATVEC}\n{reduction}");
                     let label = format!("{name}_{ty}");
                     (
                         ty,
@@ -658,7 +638,6 @@ impl Kernels {
         let kernels = Kernels {
             matvec,
             matvec_subgroup,
-            matvec_rows,
             matmul: MATVEC_TYPES
                 .iter()
                 .map(|&(ty, block)| {
@@ -814,7 +793,7 @@ impl Kernels {
             check_len("matvec up", up, offset + m.slices() * 8)?;
         }
         // Workgroups of the first part, the largest: parts are dispatched one after another.
-        let workgroups = m.parts()[0].rows.div_ceil(self.matvec_rows);
+        let workgroups = m.parts()[0].rows.div_ceil(MATVEC_ROWS_PER_THREAD);
         let size = matvec_size_index(m.slices(), workgroups);
         let pipelines = match &self.matvec_subgroup {
             Some(subgroup) => &subgroup[..],
@@ -839,7 +818,10 @@ impl Kernels {
                 up_offset: u32_arg("up offset", extras.silu_up.map_or(0, |(_, o)| o / 4))?,
                 pad: [0; 3],
             };
-            let groups = u32_arg("matvec workgroups", part.rows.div_ceil(self.matvec_rows))?;
+            let groups = u32_arg(
+                "matvec workgroups",
+                part.rows.div_ceil(MATVEC_ROWS_PER_THREAD),
+            )?;
             let name = format!(
                 "matvec{}{} {} {}x{}",
                 if extras.norm.is_some() { "+norm" } else { "" },

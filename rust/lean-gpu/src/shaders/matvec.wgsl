@@ -4,17 +4,20 @@
 //
 // A workgroup owns ROWS_PER_THREAD rows; its threads take consecutive slices (so a subgroup's
 // loads are contiguous), each thread dotting a slice's activations with all the rows (x is read
-// once per ROWS_PER_THREAD rows). kernels.rs prepends ROWS_PER_THREAD and `Dots`, the vector
-// of a thread's partial dots (vec2 or vec4). A reduction entry point appended to this file
-// (matvec_subgroup.wgsl or matvec_workgroup.wgsl) sums the threads' partial dots and calls
-// store_rows(). WORKGROUP is set per pipeline (kernels.rs picks 64, 128 or 256 threads from the
-// row length).
+// once per 2 rows). A reduction entry point appended to this file (matvec_subgroup.wgsl or
+// matvec_workgroup.wgsl) sums the threads' partials and calls store_rows(). WORKGROUP is set
+// per pipeline (kernels.rs picks 64, 128 or 256 threads from the row length).
+// (A thread reading a whole unit's quants in one 16-byte load, 8 vec4 of x, was 2x slower on an
+// H200 for Q4_0 and Q8_0: 580 vs 1016 GB/s on 11008 x 2048.)
 //
-// With `norm`, x is first RMS-normalized as rms_norm.wgsl does (the same expressions, so the
-// same values): every workgroup sums x² itself, which costs it a read of x that is in cache,
-// where a separate dispatch would cost decode a whole launch and drain. With `silu`, x is the
-// gate and the activations are silu(gate) * up, as silu_mul.wgsl computes them (the same
-// reason: the down projection reads them straight from the gate and up projections' output).
+// Fused in for decode, where each separate dispatch would cost a launch and a drain:
+// - `norm`: x is RMS-normalized (LlamaRMSNorm, the weight applied to x). The threads sum x²
+//   of their slices with the dots and reduce it with them, and the row's dot is scaled by
+//   1 / sqrt(mean(x²) + eps) at the end: no extra pass over x, no extra wait. (Scaling the dot
+//   instead of each x rounds differently, within the order-of-summation noise of any dot.)
+// - `silu`: x is the gate and the activations are silu(gate) * up, as silu_mul.wgsl computes
+//   them (the same values).
+// - `bias` and `accumulate`: y = (W·x + bias) or y += W·x, as separate adds would round.
 
 struct Params {
     part: Layout,   // where the weight part's arrays lie
@@ -23,7 +26,7 @@ struct Params {
     first_row: u32, // index in y of the part's first row
     accumulate: u32, // 1: y += W·x (a residual add fused in); 0: y = W·x
     bias: u32,       // 1: plus bias[row] (before an accumulate)
-    norm: u32,       // 1: x is RMS-normalized first, by norm_weight and eps
+    norm: u32,       // 1: x is RMS-normalized, by norm_weight and eps
     eps: f32,
     silu: u32,       // 1: the activations are silu(x) * up (x: the gate)
     up_offset: u32,  // vec4s: where up starts in its binding
@@ -44,84 +47,64 @@ struct Params {
 @group(0) @binding(6) var<storage, read> up: array<vec4<f32>>;
 
 override WORKGROUP: u32 = 256u;
-var<workgroup> squares: array<f32, 256>; // the largest WORKGROUP
+const ROWS_PER_THREAD: u32 = 2u;
 
 // g * sigmoid(g) as torch computes it (silu_mul.wgsl).
 fn silu(g: vec4<f32>) -> vec4<f32> {
     return g * (1.0 / (1.0 + exp(-g)));
 }
 
-// 1 / sqrt(mean(x²) + eps) over the row x, as rms_norm.wgsl computes it; every thread gets it.
-fn norm_scale(lid: u32) -> f32 {
-    var acc = 0.0;
-    // slice_x reads the row as the dots do (F32 rows ending inside a slice: zeros)
-    for (var s = lid; s < row_slices(); s += WORKGROUP) {
-        let xs = slice_x(s);
-        acc = dot_acc(dot_acc(acc, xs[0], xs[0]), xs[1], xs[1]);
-    }
-    squares[lid] = acc;
-    for (var s = WORKGROUP / 2u; s > 0u; s >>= 1u) {
-        workgroupBarrier();
-        if (lid < s) {
-            squares[lid] += squares[lid + s];
-        }
-    }
-    workgroupBarrier();
-    return 1.0 / sqrt(squares[0] / f32(p.cols) + p.eps);
-}
-
-// The activations of slice s, with the norm (by inv) or silu · up applied when asked for.
-fn activations(s: u32, inv: f32) -> array<vec4<f32>, 2> {
+// acc + the partials of slice s with rows r0, r1: (dot with r0, dot with r1, x², 0) of the
+// activations, which are x, norm_weight * x (norm; x² of x itself) or silu(x) * up (silu).
+fn add_slice(acc: vec4<f32>, r0: u32, r1: u32, s: u32) -> vec4<f32> {
     var xs = slice_x(s);
+    var squares = 0.0;
     if (p.norm != 0u) {
-        xs[0] = norm_weight[2u * s] * (xs[0] * inv);
-        xs[1] = norm_weight[2u * s + 1u] * (xs[1] * inv);
+        squares = dot_acc(dot_acc(0.0, xs[0], xs[0]), xs[1], xs[1]);
+        xs[0] = norm_weight[2u * s] * xs[0];
+        xs[1] = norm_weight[2u * s + 1u] * xs[1];
     }
     if (p.silu != 0u) {
         xs[0] = silu(xs[0]) * up[p.up_offset + 2u * s];
         xs[1] = silu(xs[1]) * up[p.up_offset + 2u * s + 1u];
     }
-    return xs;
+    return acc + vec4<f32>(slice_dot(r0, s, xs), slice_dot(r1, s, xs), squares, 0.0);
 }
 
-// The partial dots with the workgroup's rows of its thread `lid`: slices lid, lid + WORKGROUP,
-// ... added in that order.
-fn partial_dots(group: u32, lid: u32) -> Dots {
+// The partials of thread `lid` with the workgroup's rows: slices lid, lid + WORKGROUP, ...
+// added in that order.
+fn partial_dots(group: u32, lid: u32) -> vec4<f32> {
     let first = group * ROWS_PER_THREAD;
-    var inv = 0.0;
-    if (p.norm != 0u) {
-        inv = norm_scale(lid);
-    }
+    // A row past the part's end repeats its last row (store_rows skips it): no branches here.
+    let r0 = min(first, p.rows - 1u);
+    let r1 = min(first + 1u, p.rows - 1u);
     let n = row_slices();
-    var acc = Dots(0.0);
+    var acc = vec4<f32>(0.0);
     var s = lid;
-    // Two slices a trip, so that a thread has the loads of both in flight at once: a loop trip
-    // waits for its loads, and rows are short enough that this latency, not bandwidth, bounds.
+    // Two slices a trip, so that a thread has the loads of both in flight at once.
     for (; s + WORKGROUP < n; s += 2u * WORKGROUP) {
-        let xa = activations(s, inv);
-        let xb = activations(s + WORKGROUP, inv);
-        for (var i = 0u; i < ROWS_PER_THREAD; i++) {
-            // A row past the part's end repeats its last row (store_rows skips it).
-            let r = min(first + i, p.rows - 1u);
-            acc[i] += slice_dot(r, s, xa);
-            acc[i] += slice_dot(r, s + WORKGROUP, xb);
-        }
+        acc = add_slice(add_slice(acc, r0, r1, s), r0, r1, s + WORKGROUP);
     }
     if (s < n) {
-        let xs = activations(s, inv);
-        for (var i = 0u; i < ROWS_PER_THREAD; i++) {
-            acc[i] += slice_dot(min(first + i, p.rows - 1u), s, xs);
-        }
+        acc = add_slice(acc, r0, r1, s);
     }
     return acc;
 }
 
-// Writes the dots of the workgroup `group` with its rows.
-fn store_rows(group: u32, dots: Dots) {
+// Writes the dots of the workgroup `group` with its rows (the sums of its threads' partials).
+fn store_rows(group: u32, sums: vec4<f32>) {
+    var scale = 1.0;
+    if (p.norm != 0u) {
+        // inverseSqrt() is allowed 2 ulp of error; a true division keeps HF's rounding.
+        scale = 1.0 / sqrt(sums.z / f32(p.cols) + p.eps);
+    }
     for (var i = 0u; i < ROWS_PER_THREAD; i++) {
         let r = group * ROWS_PER_THREAD + i;
         if (r < p.rows) {
-            var v = dots[i];
+            var v = sums[i];
+            if (p.norm != 0u) {
+                v = v * scale;
+            }
             if (p.bias != 0u) {
                 v = v + bias[p.first_row + r];
             }

@@ -3,7 +3,7 @@
 // threads of a workgroup work on the same rows, so this holds however the device forms
 // subgroups (of any size, full or not).
 
-var<workgroup> partial: array<Dots, 256>; // a subgroup has at least one invocation
+var<workgroup> partial: array<vec4<f32>, 256>; // a subgroup has at least one invocation
 
 @compute @workgroup_size(WORKGROUP)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
@@ -22,7 +22,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     }
     workgroupBarrier();
     if (lid == 0u) {
-        var total = Dots(0.0);
+        var total = vec4<f32>(0.0);
         for (var i = 0u; i < subgroups; i++) {
             total += partial[i];
         }

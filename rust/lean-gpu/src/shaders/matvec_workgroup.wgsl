@@ -1,7 +1,7 @@
 // The matvec's reduction in core WGSL (no subgroups, e.g. Firefox's WebGPU): a tree over the
 // workgroup's threads in workgroup memory, one barrier per halving.
 
-var<workgroup> partial: array<Dots, 256>; // the largest WORKGROUP
+var<workgroup> partial: array<vec4<f32>, 256>; // the largest WORKGROUP
 
 @compute @workgroup_size(WORKGROUP)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
