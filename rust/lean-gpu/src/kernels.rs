@@ -8,8 +8,10 @@
 //! (`slice_x`/`slice_dot` for matvec, `slice_weights` for matmul's tiles, `weight_at` for
 //! embed).
 //!
-//! Decode is one matvec per weight matrix, bound by memory bandwidth: weights of the common
-//! types are repacked at upload into planes of a word per 8-element slice (weights.rs);
+//! Decode is one matvec per weight matrix (a layer's q|k|v and gate|up are one matrix each
+//! where they stack, see stack.rs; a matrix may write its rows as a field of wider rows,
+//! `RowField`, so separate ones fill the same rows), bound by memory bandwidth: weights of the
+//! common types are repacked at upload into planes of a word per 8-element slice (weights.rs);
 //! neighbouring threads take neighbouring slices, so their loads of weights and activations
 //! are contiguous, and each thread dots its slice of x with the workgroup's 2 rows. The threads
 //! sum their partial dots in workgroup memory (matvec_workgroup.wgsl), or, when asked for, with
@@ -208,6 +210,11 @@ struct RopeKvStoreParams {
     neox: u32,
     capacity: u32,
     cache_offset: u32,
+    /// (row width, offset) of q, k and v in the qkv buffer.
+    q: [u32; 2],
+    k: [u32; 2],
+    v: [u32; 2],
+    pad: [u32; 2],
 }
 
 #[repr(C)]
@@ -223,7 +230,8 @@ struct AttentionParams {
     n_splits: u32,
     split_len: u32,
     stats_offset: u32,
-    pad: [u32; 2],
+    /// (row width, offset) of q.
+    q: [u32; 2],
 }
 
 #[repr(C)]
@@ -246,6 +254,17 @@ struct EmbedParams {
     cols: u32,
     first_row: u32,
     rows: u32,
+}
+
+#[repr(C)]
+#[derive(Copy, Clone, bytemuck::Pod, bytemuck::Zeroable)]
+struct SiluMulParams {
+    n: u32,
+    n_rows: u32,
+    /// (row width, offset) of gate and up.
+    gate: [u32; 2],
+    up: [u32; 2],
+    pad: [u32; 2],
 }
 
 #[repr(C)]
@@ -300,6 +319,48 @@ pub struct AttentionShape {
     pub n_tokens: usize,
     pub capacity: usize,
     pub cache_offset: usize,
+}
+
+/// Where a field lies in an activation buffer of a row per token: rows of `width` f32, the
+/// field's elements from `offset`. The layer's projections write one buffer of [token][q | k |
+/// v] (and [token][gate | up]) so that a stacked matrix fills it in one dispatch; the kernels
+/// that read such fields take their place this way.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct RowField {
+    pub width: usize,
+    pub offset: usize,
+}
+
+impl RowField {
+    /// Rows that are all field: `width` elements from offset 0.
+    pub fn whole(width: usize) -> Self {
+        RowField { width, offset: 0 }
+    }
+
+    /// The f32 a buffer needs for `n_rows` rows holding this field of `len` elements; an error
+    /// naming `what` when the field does not fit in a row.
+    fn end(&self, what: &str, n_rows: usize, len: usize) -> Result<usize> {
+        if self
+            .offset
+            .checked_add(len)
+            .is_none_or(|end| end > self.width)
+            || n_rows == 0
+        {
+            return Err(GpuError::Shape(format!(
+                "{what}: {n_rows} rows of a field of {len} at {} in rows of {}",
+                self.offset, self.width
+            )));
+        }
+        Ok((n_rows - 1) * self.width + self.offset + len)
+    }
+
+    /// (width, offset) as shader parameters.
+    fn params(&self) -> Result<[u32; 2]> {
+        Ok([
+            u32_arg("row width", self.width)?,
+            u32_arg("field offset", self.offset)?,
+        ])
+    }
 }
 
 /// Largest head_dim of the attention kernel (attention.wgsl: MAX_HEAD_DIM).
@@ -477,9 +538,10 @@ unsafe fn trusted_module(ctx: &GpuContext, label: &str, source: &str) -> wgpu::S
 ///   blocks, padded to 16 bytes, which covers load_u32's second word at a block's end;
 /// - x: slices cover `cols` elements (block types: whole units, read as vec4 below cols / 4;
 ///   F32 reads clamp to cols - 1), and `x` holds at least `cols` f32 (checked);
-/// - y: stores go to `first_row + r` for part rows r, below `rows()`, which `y` holds
-///   (checked), and a bias is read at the same index only when bound (checked to hold
-///   `rows()`; x stands in otherwise and is never read as one);
+/// - y: stores go to `first_row + r` for part rows r (first_row: the field's offset plus the
+///   part's first row), below the field's offset + `rows()`, which `y` holds (checked), and a
+///   bias is read at the same index only when bound (checked to hold as many; x stands in
+///   otherwise and is never read as one);
 /// - a norm's weights are read as vec4 2s and 2s + 1 for slices s below `row_slices()`, so
 ///   below 8 × slices f32, which the bound buffer holds (checked; the weight part stands in
 ///   when there is no norm, and is never read as one); up likewise from up_offset (checked);
@@ -512,8 +574,9 @@ fn matvec_pipelines(ctx: &GpuContext, label: &str, source: &str) -> Vec<wgpu::Co
 ///   holds n_tokens × cols f32 (checked);
 /// - K: a range starts at split × split_len (split_len a multiple of 32) and its steps run
 ///   while k0 < min(cols, its end);
-/// - y: written at t × out_stride + first_row + r with t < n_tokens and r < rows, so below
-///   n_tokens × rows() of the whole matrix, which `y` holds (checked); or, with K split, at
+/// - y: written at t × out_stride + first_row + r with t < n_tokens and r < rows, out_stride
+///   the field's row width and first_row its offset plus the part's first row, so below
+///   (n_tokens - 1) × width + offset + rows(), which `y` holds (checked); or, with K split, at
 ///   split × split_stride + t × rows + r for split < splits, below the splits × n_tokens × rows
 ///   f32 of the partial-sums buffer (`Kernels::partials`);
 /// - workgroup arrays: w_tile at (8 × slice + j) × ROW_QUADS + r / 4 for slice <
@@ -729,24 +792,30 @@ impl Kernels {
         x: &wgpu::Buffer,
         y: &wgpu::Buffer,
     ) -> Result<()> {
-        self.matvec_with(ctx, plan, m, x, y, MatvecExtras::default())
+        let whole = RowField::whole(m.rows());
+        self.matvec_with(ctx, plan, m, x, (y, whole), MatvecExtras::default())
     }
 
-    /// y = W·x + bias: matvec with a bias add fused in (the same f32 rounding as a separate add).
-    pub fn matvec_bias(
+    /// y[at.offset + r] = (W·x)[r] (+ bias[at.offset + r]): a matvec writing its rows as a field
+    /// of a wider row (`bias` as wide as that row), with a bias add fused in (the same f32
+    /// rounding as a separate add). Stacked matrices and matrices writing side by side at their
+    /// offsets compute the same values.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_at(
         &self,
         ctx: &GpuContext,
         plan: &mut Plan,
         m: &GpuMatrix,
         x: &wgpu::Buffer,
-        bias: &wgpu::Buffer,
         y: &wgpu::Buffer,
+        at: RowField,
+        bias: Option<&wgpu::Buffer>,
     ) -> Result<()> {
         let extras = MatvecExtras {
-            bias: Some(bias),
+            bias,
             ..Default::default()
         };
-        self.matvec_with(ctx, plan, m, x, y, extras)
+        self.matvec_with(ctx, plan, m, x, (y, at), extras)
     }
 
     /// y += W·x: matvec with the residual add fused in (the same f32 rounding as a separate add).
@@ -762,23 +831,26 @@ impl Kernels {
             accumulate: true,
             ..Default::default()
         };
-        self.matvec_with(ctx, plan, m, x, y, extras)
+        let whole = RowField::whole(m.rows());
+        self.matvec_with(ctx, plan, m, x, (y, whole), extras)
     }
 
-    /// y = W·x with what `extras` fuses in: an RMS norm of x first, a bias, a residual add.
+    /// y = W·x with what `extras` fuses in (an RMS norm of x, silu · up, a bias, a residual
+    /// add), written as the field `at` of y's row (`RowField::whole(m.rows())`: all of y).
     pub fn matvec_with(
         &self,
         ctx: &GpuContext,
         plan: &mut Plan,
         m: &GpuMatrix,
         x: &wgpu::Buffer,
-        y: &wgpu::Buffer,
+        (y, at): (&wgpu::Buffer, RowField),
         extras: MatvecExtras,
     ) -> Result<()> {
         check_len("matvec x", x, m.cols())?;
-        check_len("matvec y", y, m.rows())?;
+        let y_end = at.end("matvec y", 1, m.rows())?;
+        check_len("matvec y", y, y_end)?;
         if let Some(b) = extras.bias {
-            check_len("matvec bias", b, m.rows())?;
+            check_len("matvec bias", b, y_end)?;
         }
         if let Some((weight, _)) = extras.norm {
             // read a slice (8 elements) at a time
@@ -809,7 +881,7 @@ impl Kernels {
                 layout: m.layout(part),
                 rows: u32_arg("rows", part.rows)?,
                 cols: u32_arg("cols", m.cols())?,
-                first_row: u32_arg("first row", part.first_row)?,
+                first_row: u32_arg("first row", at.offset + part.first_row)?,
                 accumulate: extras.accumulate as u32,
                 bias: extras.bias.is_some() as u32,
                 norm: extras.norm.is_some() as u32,
@@ -857,7 +929,23 @@ impl Kernels {
         y: &wgpu::Buffer,
         n_tokens: usize,
     ) -> Result<()> {
-        self.matmul_into(ctx, plan, m, x, y, n_tokens, false)
+        let at = RowField::whole(m.rows());
+        self.matmul_into(ctx, plan, m, x, (y, at), n_tokens, false)
+    }
+
+    /// Prefill into a field of wider rows: y[t × at.width + at.offset + r] = (x·Wᵀ)[t][r].
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_at(
+        &self,
+        ctx: &GpuContext,
+        plan: &mut Plan,
+        m: &GpuMatrix,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        at: RowField,
+        n_tokens: usize,
+    ) -> Result<()> {
+        self.matmul_into(ctx, plan, m, x, (y, at), n_tokens, false)
     }
 
     /// y += x·Wᵀ: matmul with the residual add fused in.
@@ -870,7 +958,8 @@ impl Kernels {
         y: &wgpu::Buffer,
         n_tokens: usize,
     ) -> Result<()> {
-        self.matmul_into(ctx, plan, m, x, y, n_tokens, true)
+        let at = RowField::whole(m.rows());
+        self.matmul_into(ctx, plan, m, x, (y, at), n_tokens, true)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -880,7 +969,7 @@ impl Kernels {
         plan: &mut Plan,
         m: &GpuMatrix,
         x: &wgpu::Buffer,
-        y: &wgpu::Buffer,
+        (y, at): (&wgpu::Buffer, RowField),
         n_tokens: usize,
         accumulate: bool,
     ) -> Result<()> {
@@ -889,7 +978,7 @@ impl Kernels {
             return Err(GpuError::Shape("matmul of no tokens".into()));
         }
         check_len("matmul x", x, n_tokens * m.cols())?;
-        check_len("matmul y", y, n_tokens * m.rows())?;
+        check_len("matmul y", y, at.end("matmul y", n_tokens, m.rows())?)?;
         let tile = MATMUL_TILE;
         let token_tiles = n_tokens.div_ceil(tile.tokens);
         for part in m.parts() {
@@ -902,9 +991,9 @@ impl Kernels {
                 layout: m.layout(part),
                 rows: u32_arg("rows", part.rows)?,
                 cols: u32_arg("cols", m.cols())?,
-                first_row: u32_arg("first row", part.first_row)?,
+                first_row: u32_arg("first row", at.offset + part.first_row)?,
                 n_tokens: u32_arg("tokens", n_tokens)?,
-                out_stride: u32_arg("rows", m.rows())?,
+                out_stride: u32_arg("row width", at.width)?,
                 row_tiles: u32_arg("row tiles", row_tiles)?,
                 token_tiles: u32_arg("token tiles", token_tiles)?,
                 accumulate: accumulate as u32,
@@ -941,8 +1030,8 @@ impl Kernels {
                 let params = MatmulReduceParams {
                     rows: params.rows,
                     n_tokens: params.n_tokens,
-                    out_stride: u32_arg("rows", m.rows())?,
-                    first_row: u32_arg("first row", part.first_row)?,
+                    out_stride: u32_arg("row width", at.width)?,
+                    first_row: u32_arg("first row", at.offset + part.first_row)?,
                     splits: splits as u32,
                     accumulate: accumulate as u32,
                     pad: [0; 2],
@@ -1019,19 +1108,19 @@ impl Kernels {
         )
     }
 
-    /// The step's tokens enter attention: rotates the queries `q` in place (`s.n_tokens ×
-    /// s.n_heads × head_dim`, the first token at the step's position) and writes the keys `k`
-    /// (rotated) and values `v` (each n_tokens × n_kv_heads × head_dim) into the cache buffers
-    /// at the step's position; the layer starts at `s.cache_offset`. `cos_sin` is the table of
-    /// `rope`. The caller keeps the positions within both the table and the cache.
+    /// The step's tokens enter attention: rotates the queries in place (per token n_heads ×
+    /// head_dim at field `q` of `qkv`, the first token at the step's position) and writes the
+    /// keys (rotated) and values (n_kv_heads × head_dim at fields `k`, `v`) into the cache
+    /// buffers at the step's position; the layer starts at `s.cache_offset`. `cos_sin` is the
+    /// table of `rope`. The caller keeps the positions within both the table and the cache.
     #[allow(clippy::too_many_arguments)]
     pub fn rope_kv_store(
         &self,
         ctx: &GpuContext,
         plan: &mut Plan,
         step: &StepBuffer,
-        q: &wgpu::Buffer,
-        (k, v): (&wgpu::Buffer, &wgpu::Buffer),
+        qkv: &wgpu::Buffer,
+        [q, k, v]: [RowField; 3],
         (keys, values): (&wgpu::Buffer, &wgpu::Buffer),
         (cos_sin, rope): (&wgpu::Buffer, Rope),
         s: AttentionShape,
@@ -1044,9 +1133,10 @@ impl Kernels {
         }
         let kv_dim = s.n_kv_heads * s.head_dim;
         let cache_end = s.cache_offset + kv_dim * s.capacity;
-        check_len("rope q", q, s.n_tokens * s.n_heads * s.head_dim)?;
-        check_len("kv_store k", k, s.n_tokens * kv_dim)?;
-        check_len("kv_store v", v, s.n_tokens * kv_dim)?;
+        let q_dim = s.n_heads * s.head_dim;
+        check_len("rope q", qkv, q.end("rope q", s.n_tokens, q_dim)?)?;
+        check_len("kv_store k", qkv, k.end("kv_store k", s.n_tokens, kv_dim)?)?;
+        check_len("kv_store v", qkv, v.end("kv_store v", s.n_tokens, kv_dim)?)?;
         check_len("kv_store keys", keys, cache_end)?;
         check_len("kv_store values", values, cache_end)?;
         check_len("rope table", cos_sin, rope.positions * rope.rope_dim)?;
@@ -1059,6 +1149,10 @@ impl Kernels {
             neox: (rope.pairing == RopePairing::Neox) as u32,
             capacity: u32_arg("capacity", s.capacity)?,
             cache_offset: u32_arg("cache offset", s.cache_offset)?,
+            q: q.params()?,
+            k: k.params()?,
+            v: v.params()?,
+            pad: [0; 2],
         };
         let per_token = s.n_heads * rope.rope_dim / 2 + 2 * kv_dim;
         let groups = u32_arg(
@@ -1071,22 +1165,23 @@ impl Kernels {
             "rope_kv_store".into(),
             &self.rope_kv_store,
             &params,
-            &[step.buffer(), q, k, v, keys, values, cos_sin],
+            &[step.buffer(), qkv, keys, values, cos_sin],
             groups,
         )
     }
 
-    /// Causal attention of `n_tokens` tokens (`q`: n_tokens × n_heads × head_dim, positions
-    /// from the step's pos0) over the cached keys and values (which must already hold them);
-    /// `out` gets the same layout as `q`; `partials` is scratch of `s.partials_len()` f32. Two
-    /// dispatches (split-K, then the combine). The caller keeps pos0 + n_tokens within capacity.
+    /// Causal attention of `n_tokens` tokens (queries: n_heads × head_dim per token at field
+    /// `q_at` of `q`, positions from the step's pos0) over the cached keys and values (which
+    /// must already hold them); `out` gets n_tokens × n_heads × head_dim; `partials` is scratch
+    /// of `s.partials_len()` f32. Two dispatches (split-K, then the combine). The caller keeps
+    /// pos0 + n_tokens within capacity.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
         ctx: &GpuContext,
         plan: &mut Plan,
         step: &StepBuffer,
-        q: &wgpu::Buffer,
+        (q, q_at): (&wgpu::Buffer, RowField),
         keys: &wgpu::Buffer,
         values: &wgpu::Buffer,
         partials: &wgpu::Buffer,
@@ -1103,20 +1198,28 @@ impl Kernels {
                 s.n_tokens, s.n_heads, s.n_kv_heads, s.capacity
             )));
         }
-        // vec4 loads: heads and the layer's cache start at multiples of 4 elements
+        // vec4 loads: heads, q's rows and the layer's cache start at multiples of 4 elements
         if s.head_dim == 0
             || s.head_dim > MAX_HEAD_DIM
             || !s.head_dim.is_multiple_of(4)
             || !s.cache_offset.is_multiple_of(4)
+            || !q_at.width.is_multiple_of(4)
+            || !q_at.offset.is_multiple_of(4)
         {
             return Err(GpuError::Shape(format!(
                 "attention needs head_dim in 4..={MAX_HEAD_DIM}, a multiple of 4 (got {}), and \
-                 a cache offset that is a multiple of 4 (got {})",
-                s.head_dim, s.cache_offset
+                 a cache offset and q's row width and offset that are multiples of 4 (got {}, \
+                 {}, {})",
+                s.head_dim, s.cache_offset, q_at.width, q_at.offset
             )));
         }
         let cache_end = s.cache_offset + s.n_kv_heads * s.capacity * s.head_dim;
-        check_len("attention q", q, s.n_tokens * s.n_heads * s.head_dim)?;
+        let q_dim = s.n_heads * s.head_dim;
+        check_len(
+            "attention q",
+            q,
+            q_at.end("attention q", s.n_tokens, q_dim)?,
+        )?;
         check_len("attention keys", keys, cache_end)?;
         check_len("attention values", values, cache_end)?;
         check_len("attention out", out, s.n_tokens * s.n_heads * s.head_dim)?;
@@ -1133,7 +1236,7 @@ impl Kernels {
             n_splits: u32_arg("splits", n_splits)?,
             split_len: u32_arg("split length", split_len)?,
             stats_offset: u32_arg("stats offset", s.stats_offset())?,
-            pad: [0; 2],
+            q: q_at.params()?,
         };
         let groups = u32_arg("attention workgroups", s.n_tokens * s.n_heads * n_splits)?;
         Self::dispatch(
@@ -1210,36 +1313,42 @@ impl Kernels {
         Ok(())
     }
 
-    /// out = silu(gate) · up, element-wise over n.
+    /// out = silu(gate) · up element-wise, for `n_rows` rows of `n` elements: gate and up are
+    /// fields of the rows of `gate_up`, out is n_rows × n.
+    #[allow(clippy::too_many_arguments)]
     pub fn silu_mul(
         &self,
         ctx: &GpuContext,
         plan: &mut Plan,
-        gate: &wgpu::Buffer,
-        up: &wgpu::Buffer,
+        gate_up: &wgpu::Buffer,
+        (gate, up): (RowField, RowField),
         out: &wgpu::Buffer,
         n: usize,
+        n_rows: usize,
     ) -> Result<()> {
-        for (what, b) in [
-            ("silu_mul gate", gate),
-            ("silu_mul up", up),
-            ("silu_mul out", out),
-        ] {
-            check_len(what, b, n)?;
-        }
-        let params = CountParams {
+        check_len(
+            "silu_mul gate",
+            gate_up,
+            gate.end("silu_mul gate", n_rows, n)?,
+        )?;
+        check_len("silu_mul up", gate_up, up.end("silu_mul up", n_rows, n)?)?;
+        check_len("silu_mul out", out, n * n_rows)?;
+        let params = SiluMulParams {
             n: u32_arg("n", n)?,
-            extra: 0,
+            n_rows: u32_arg("rows", n_rows)?,
+            gate: gate.params()?,
+            up: up.params()?,
             pad: [0; 2],
         };
+        let groups = u32_arg("silu_mul elements", n * n_rows)?.div_ceil(ELEMENTWISE_GROUP);
         Self::dispatch(
             ctx,
             plan,
             "silu_mul".into(),
             &self.silu_mul,
             &params,
-            &[gate, up, out],
-            params.n.div_ceil(ELEMENTWISE_GROUP),
+            &[gate_up, out],
+            groups,
         )
     }
 

@@ -9,6 +9,7 @@ mod kernels;
 mod plan;
 mod profile;
 mod session;
+mod stack;
 mod stream;
 mod weights;
 
@@ -16,7 +17,7 @@ pub use context::GpuContext;
 pub use error::{GpuError, Result};
 pub use kernels::{
     argmax_len, matvec_supports, rope_cos_sin, AttentionShape, Kernels, MatvecExtras, Rope,
-    RopePairing, StepBuffer, MAX_HEAD_DIM,
+    RopePairing, RowField, StepBuffer, MAX_HEAD_DIM,
 };
 pub use plan::Plan;
 pub use session::{GpuModel, GpuSession};

@@ -5,11 +5,23 @@
 //! token ids and the position are written into small buffers, the recorded plan replays, and
 //! only what the caller needs comes back: the argmax id (4 bytes) for greedy decoding, else the
 //! logits. The decode plan (one token) is recorded once; prefill plans per chunk size.
+//!
+//! A layer's dispatches when decoding one token: one matvec of the stacked q|k|v matrix with
+//! the attention RMS norm and the bias fused in, writing the row [q | k | v]; rope_kv_store;
+//! attention and its combine; the output projection with the residual add fused in; one matvec
+//! of the stacked gate|up matrix with the FFN norm fused in; the down projection reading
+//! silu(gate) · up and adding the residual — 7. Prefill runs the norms, bias add and silu_mul
+//! as their own dispatches around matmuls. Where the members of a stack differ in type (Q4_K_M
+//! files mix them), each writes its rows at its offset in the same activation row: only the
+//! number of dispatches differs (stack.rs).
 use crate::context::{GpuContext, MapRequest};
 use crate::error::{GpuError, Result};
-use crate::kernels::{AttentionShape, Kernels, MatvecExtras, Rope, RopePairing, StepBuffer};
+use crate::kernels::{
+    AttentionShape, Kernels, MatvecExtras, Rope, RopePairing, RowField, StepBuffer,
+};
 use crate::plan::Plan;
 use crate::profile::Profiler;
+use crate::stack;
 use crate::weights::GpuMatrix;
 use lean::config::{ModelConfig, RopeStyle};
 use lean::model::Matrix;
@@ -25,18 +37,24 @@ pub const PREFILL_CHUNK: usize = 512;
 /// (128 × a 152k vocabulary = 78 MB, inside a browser's 128 MiB binding).
 pub const LOGITS_CHUNK: usize = 128;
 
+/// Matrices that read the same input and write one activation row per token, `width` wide:
+/// one stacked matrix, or (their types or row lengths differ) each at its offset in the row.
+struct Stack {
+    /// (offset in the row, matrix).
+    matrices: Vec<(usize, GpuMatrix)>,
+    width: usize,
+    /// A bias for the whole row.
+    bias: Option<wgpu::Buffer>,
+}
+
 struct LayerBuffers {
     attn_norm: wgpu::Buffer,
-    wq: GpuMatrix,
-    wk: GpuMatrix,
-    wv: GpuMatrix,
-    bq: Option<wgpu::Buffer>,
-    bk: Option<wgpu::Buffer>,
-    bv: Option<wgpu::Buffer>,
+    /// Rows [q | k | v].
+    qkv: Stack,
     wo: GpuMatrix,
     ffn_norm: wgpu::Buffer,
-    w_gate: GpuMatrix,
-    w_up: GpuMatrix,
+    /// Rows [gate | up].
+    gate_up: Stack,
     w_down: GpuMatrix,
     /// This layer's cache: [kv_head][capacity][head_dim] each (one buffer per layer keeps every
     /// binding small).
@@ -63,14 +81,13 @@ struct Activations {
     ids: wgpu::Buffer,
     x: wgpu::Buffer,
     h: wgpu::Buffer,
-    q: wgpu::Buffer,
-    k: wgpu::Buffer,
-    v: wgpu::Buffer,
+    /// [token][q | k | v].
+    qkv: wgpu::Buffer,
     attn: wgpu::Buffer,
     /// Split-K attention's partial results.
     partials: wgpu::Buffer,
-    gate: wgpu::Buffer,
-    up: wgpu::Buffer,
+    /// [token][gate | up].
+    gate_up: wgpu::Buffer,
     act: wgpu::Buffer,
     /// Logits of the last token, or of every token of a chunk (`Logits::All`, made on demand).
     logits: wgpu::Buffer,
@@ -217,27 +234,43 @@ impl GpuSession {
     ) -> Result<Self> {
         let limit = max_part_bytes.unwrap_or_else(|| ctx.max_binding_bytes());
         let device = ctx.clone();
-        Self::load_with(ctx, kernels, model, context_length, |m: &Matrix| {
-            GpuMatrix::upload_split(&device, m.ty, m.rows, m.cols, model.data(m), limit).map_err(
-                |e| match e {
-                    GpuError::UnsupportedType(_) | GpuError::TooLarge(_) => {
-                        GpuError::Shape(format!("tensor '{}': {e}", m.name))
+        Self::load_with(
+            ctx,
+            kernels,
+            model,
+            context_length,
+            |members: &[&Matrix]| {
+                let first = members[0];
+                let rows = members.iter().map(|m| m.rows).sum();
+                let data = match members {
+                    [m] => std::borrow::Cow::Borrowed(model.data(m)),
+                    _ => {
+                        let parts: Vec<&[u8]> = members.iter().map(|m| model.data(m)).collect();
+                        std::borrow::Cow::Owned(stack::stacked_bytes(&parts))
                     }
-                    other => other,
-                },
-            )
-        })
+                };
+                GpuMatrix::upload_split(&device, first.ty, rows, first.cols, &data, limit).map_err(
+                    |e| match e {
+                        GpuError::UnsupportedType(_) | GpuError::TooLarge(_) => {
+                            GpuError::Shape(format!("tensor '{}': {e}", first.name))
+                        }
+                        other => other,
+                    },
+                )
+            },
+        )
         .await
     }
 
-    /// As `load`, with each weight matrix from `matrix` (already on the device when the model
-    /// streamed into it: `StreamedModel`).
+    /// As `load`, with each weight matrix from `matrix`, which gets the matrices to stack by
+    /// rows into one (stack.rs decides which; mostly one alone) and returns them on the device
+    /// (already there when the model streamed into it: `StreamedModel`).
     pub async fn load_with(
         ctx: Arc<GpuContext>,
         kernels: Arc<Kernels>,
         model: &Model,
         context_length: usize,
-        mut matrix: impl FnMut(&Matrix) -> Result<GpuMatrix>,
+        mut matrix: impl FnMut(&[&Matrix]) -> Result<GpuMatrix>,
     ) -> Result<Self> {
         let c = model.config.clone();
         if c.head_dim > crate::kernels::MAX_HEAD_DIM || !c.head_dim.is_multiple_of(4) {
@@ -269,32 +302,37 @@ impl GpuSession {
             .layers
             .iter()
             .map(|l| {
-                let bias = |b: &Option<Vec<f32>>| b.as_ref().map(|b| ctx.upload_f32("bias", b));
+                let qkv_bias = match (&l.bq, &l.bk, &l.bv) {
+                    (Some(q), Some(k), Some(v)) => {
+                        Some(ctx.upload_f32("qkv bias", &[&q[..], k, v].concat()))
+                    }
+                    (None, None, None) => None,
+                    _ => {
+                        return Err(GpuError::Shape(format!(
+                            "tensor '{}': biases of only some of q, k, v",
+                            l.wq.name
+                        )))
+                    }
+                };
                 Ok(LayerBuffers {
                     attn_norm: upload_norm(&ctx, "attn_norm", &l.attn_norm),
-                    wq: matrix(&l.wq)?,
-                    wk: matrix(&l.wk)?,
-                    wv: matrix(&l.wv)?,
-                    bq: bias(&l.bq),
-                    bk: bias(&l.bk),
-                    bv: bias(&l.bv),
-                    wo: matrix(&l.wo)?,
+                    qkv: Self::load_stack(&[&l.wq, &l.wk, &l.wv], qkv_bias, &mut matrix)?,
+                    wo: matrix(&[&l.wo])?,
                     ffn_norm: upload_norm(&ctx, "ffn_norm", &l.ffn_norm),
-                    w_gate: matrix(&l.w_gate)?,
-                    w_up: matrix(&l.w_up)?,
-                    w_down: matrix(&l.w_down)?,
+                    gate_up: Self::load_stack(&[&l.w_gate, &l.w_up], None, &mut matrix)?,
+                    w_down: matrix(&[&l.w_down])?,
                     keys: ctx.storage_f32("keys", cache_len),
                     values: ctx.storage_f32("values", cache_len),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
         let gpu_model = GpuModel {
-            token_embd: matrix(&w.token_embd)?,
+            token_embd: matrix(&[&w.token_embd])?,
             output_norm: upload_norm(&ctx, "output_norm", &w.output_norm),
             output: if w.tied_output {
                 None
             } else {
-                Some(matrix(&w.output)?)
+                Some(matrix(&[&w.output])?)
             },
             config: c.clone(),
         };
@@ -320,14 +358,11 @@ impl GpuSession {
             ids: ctx.storage_f32("ids", n),
             x: ctx.storage_f32("x", n * c.n_embd),
             h: ctx.storage_f32("h", n * c.n_embd),
-            q: ctx.storage_f32("q", n * c.q_dim()),
-            k: ctx.storage_f32("k", n * c.kv_dim()),
-            v: ctx.storage_f32("v", n * c.kv_dim()),
+            qkv: ctx.storage_f32("qkv", n * (c.q_dim() + 2 * c.kv_dim())),
             attn: ctx.storage_f32("attn", n * c.q_dim()),
             partials: ctx.storage_f32("attention partials", partials_len),
-            // whole units: a matvec fusing silu · up reads them a slice at a time
-            gate: ctx.storage_f32("gate", (n * c.n_ff).next_multiple_of(32)),
-            up: ctx.storage_f32("up", (n * c.n_ff).next_multiple_of(32)),
+            // a matvec fusing silu · up reads up a slice (8 elements) at a time
+            gate_up: ctx.storage_f32("gate_up", n * 2 * c.n_ff + 8),
             act: ctx.storage_f32("act", n * c.n_ff),
             logits: ctx.storage_f32("logits", c.vocab_size),
             logits_all: None,
@@ -358,6 +393,26 @@ impl GpuSession {
         })
     }
 
+    /// The matrices `members` (reading the same input) on the device, stacked into as few as
+    /// stack.rs allows, each at its offset in the row; `bias` spans all their rows.
+    fn load_stack(
+        members: &[&Matrix],
+        bias: Option<wgpu::Buffer>,
+        matrix: &mut impl FnMut(&[&Matrix]) -> Result<GpuMatrix>,
+    ) -> Result<Stack> {
+        let shapes: Vec<_> = members.iter().map(|m| (m.ty, m.cols)).collect();
+        let mut matrices = Vec::new();
+        for run in stack::runs(&shapes) {
+            let offset = members[..run.start].iter().map(|m| m.rows).sum();
+            matrices.push((offset, matrix(&members[run])?));
+        }
+        Ok(Stack {
+            matrices,
+            width: members.iter().map(|m| m.rows).sum(),
+            bias,
+        })
+    }
+
     /// Prefills at most `tokens` tokens per submit (at least 1; never more than the session
     /// allocated for): tests make short prompts run in several chunks with it.
     pub fn limit_prefill_chunk(&mut self, tokens: usize) {
@@ -384,12 +439,58 @@ impl GpuSession {
         }
     }
 
+    /// y = x · Wᵀ (+ bias) for each matrix of `s`, into its field of y's rows (`s.width` wide):
+    /// for one token a matvec with the bias and the RMS norm by `norm` fused in (x is the raw
+    /// residual stream), for several the matmuls (x already normalized) and one bias add.
+    fn project(
+        &self,
+        plan: &mut Plan,
+        s: &Stack,
+        x: &wgpu::Buffer,
+        norm: Option<&wgpu::Buffer>,
+        y: &wgpu::Buffer,
+        n: usize,
+    ) -> Result<()> {
+        let (ctx, k) = (&*self.ctx, &*self.kernels);
+        let eps = self.model.config.rms_eps;
+        for (offset, m) in &s.matrices {
+            let at = RowField {
+                width: s.width,
+                offset: *offset,
+            };
+            match n {
+                1 => {
+                    let extras = MatvecExtras {
+                        norm: norm.map(|weight| (weight, eps)),
+                        bias: s.bias.as_ref(),
+                        ..Default::default()
+                    };
+                    k.matvec_with(ctx, plan, m, x, (y, at), extras)?
+                }
+                _ => k.matmul_at(ctx, plan, m, x, y, at, n)?,
+            }
+        }
+        match &s.bias {
+            Some(b) if n > 1 => k.add(ctx, plan, y, b, n * s.width, s.width),
+            _ => Ok(()),
+        }
+    }
+
     /// Records the forward pass of `n` tokens (ids in `act.ids`, first position in the step
     /// buffer) through every layer, then the output head per `output`.
     fn record(&self, n: usize, output: Output) -> Result<Plan> {
         let (ctx, k, a) = (&*self.ctx, &*self.kernels, &self.act);
         let c = &self.model.config;
         let (e, qd, kvd, ff, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff, c.head_dim);
+        let qkv_field = |offset| RowField {
+            width: qd + 2 * kvd,
+            offset,
+        };
+        let qkv_fields = [qkv_field(0), qkv_field(qd), qkv_field(qd + kvd)];
+        let gate_up_field = |offset| RowField {
+            width: 2 * ff,
+            offset,
+        };
         let pairing = match c.rope_style {
             RopeStyle::Interleaved => RopePairing::Interleaved,
             RopeStyle::Neox => RopePairing::Neox,
@@ -412,34 +513,18 @@ impl GpuSession {
         let eps = c.rms_eps;
         for l in &self.layers {
             // One token: the norms are fused into the matvecs that read them.
-            if n > 1 {
+            if n == 1 {
+                self.project(&mut p, &l.qkv, &a.x, Some(&l.attn_norm), &a.qkv, 1)?;
+            } else {
                 k.rms_norm(ctx, &mut p, &a.x, &l.attn_norm, &a.h, e, n, eps)?;
-            }
-            for (m, b, y, len) in [
-                (&l.wq, &l.bq, &a.q, qd),
-                (&l.wk, &l.bk, &a.k, kvd),
-                (&l.wv, &l.bv, &a.v, kvd),
-            ] {
-                if n == 1 {
-                    let extras = MatvecExtras {
-                        norm: Some((&l.attn_norm, eps)),
-                        bias: b.as_ref(),
-                        ..Default::default()
-                    };
-                    k.matvec_with(ctx, &mut p, m, &a.x, y, extras)?;
-                } else {
-                    self.linear(&mut p, m, &a.h, y, n, false)?;
-                    if let Some(b) = b {
-                        k.add(ctx, &mut p, y, b, n * len, len)?;
-                    }
-                }
+                self.project(&mut p, &l.qkv, &a.h, None, &a.qkv, n)?;
             }
             k.rope_kv_store(
                 ctx,
                 &mut p,
                 &self.step,
-                &a.q,
-                (&a.k, &a.v),
+                &a.qkv,
+                qkv_fields,
                 (&l.keys, &l.values),
                 (&self.rope_table, rope),
                 attention,
@@ -448,7 +533,7 @@ impl GpuSession {
                 ctx,
                 &mut p,
                 &self.step,
-                &a.q,
+                (&a.qkv, qkv_fields[0]),
                 &l.keys,
                 &l.values,
                 &a.partials,
@@ -457,26 +542,23 @@ impl GpuSession {
             )?;
             self.linear(&mut p, &l.wo, &a.attn, &a.x, n, true)?;
             if n == 1 {
-                let extras = MatvecExtras {
-                    norm: Some((&l.ffn_norm, eps)),
-                    ..Default::default()
-                };
-                k.matvec_with(ctx, &mut p, &l.w_gate, &a.x, &a.gate, extras)?;
-                k.matvec_with(ctx, &mut p, &l.w_up, &a.x, &a.up, extras)?;
+                self.project(&mut p, &l.gate_up, &a.x, Some(&l.ffn_norm), &a.gate_up, 1)?;
             } else {
                 k.rms_norm(ctx, &mut p, &a.x, &l.ffn_norm, &a.h, e, n, eps)?;
-                self.linear(&mut p, &l.w_gate, &a.h, &a.gate, n, false)?;
-                self.linear(&mut p, &l.w_up, &a.h, &a.up, n, false)?;
+                self.project(&mut p, &l.gate_up, &a.h, None, &a.gate_up, n)?;
             }
-            if n == 1 {
+            if n == 1 && ff.is_multiple_of(4) {
+                // silu(gate) · up read straight from [gate | up]
                 let extras = MatvecExtras {
-                    silu_up: Some((&a.up, 0)),
+                    silu_up: Some((&a.gate_up, ff)),
                     accumulate: true,
                     ..Default::default()
                 };
-                k.matvec_with(ctx, &mut p, &l.w_down, &a.gate, &a.x, extras)?;
+                let whole = RowField::whole(e);
+                k.matvec_with(ctx, &mut p, &l.w_down, &a.gate_up, (&a.x, whole), extras)?;
             } else {
-                k.silu_mul(ctx, &mut p, &a.gate, &a.up, &a.act, n * ff)?;
+                let (gate, up) = (gate_up_field(0), gate_up_field(ff));
+                k.silu_mul(ctx, &mut p, &a.gate_up, (gate, up), &a.act, ff, n)?;
                 self.linear(&mut p, &l.w_down, &a.act, &a.x, n, true)?;
             }
         }
@@ -498,7 +580,8 @@ impl GpuSession {
                     norm: Some((&self.model.output_norm, eps)),
                     ..Default::default()
                 };
-                k.matvec_with(ctx, &mut p, head, last_row, &a.logits, extras)?;
+                let logits = (&a.logits, RowField::whole(c.vocab_size));
+                k.matvec_with(ctx, &mut p, head, last_row, logits, extras)?;
                 k.argmax(ctx, &mut p, &a.logits, &a.argmax, c.vocab_size)?;
             }
             Output::All => {

@@ -1,11 +1,14 @@
 //! Loading a model straight into GPU buffers as its file streams in (a browser's `fetch`), so
 //! that the host never holds the whole file: only its header, the small 1-D tensors (norms,
 //! biases) and the one weight matrix being received, which goes to the device as soon as its
-//! last byte arrives.
+//! last byte arrives; or, for matrices that go to the device stacked (stack.rs: a layer's q, k,
+//! v or gate, up), the members received so far, until the last one arrives (the file holds a
+//! layer's tensors together, in no particular order: llama.cpp writes attn_k before attn_q).
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
 use crate::kernels::{matvec_supports, Kernels};
 use crate::session::GpuSession;
+use crate::stack;
 use crate::weights::GpuMatrix;
 use lean::gguf::{Gguf, GgufError};
 use lean::{Model, ModelBytes, PartialBytes};
@@ -19,11 +22,22 @@ struct Tensor {
     size: usize,
     /// A weight matrix for the device (2-D); else kept on the host.
     matrix: Option<(lean::gguf::TensorType, usize, usize)>,
+    /// (index in `Layout::stacks`, member index) of a matrix that goes to the device stacked.
+    stack: Option<(usize, usize)>,
+}
+
+/// Matrices that go to the device as one, stacked by rows.
+struct Stack {
+    /// Their indices in `Layout::tensors`, in stacking order.
+    members: Vec<usize>,
+    /// The bytes of the members received so far.
+    held: Vec<Option<Vec<u8>>>,
 }
 
 /// What the header told: the tensors still to receive.
 struct Layout {
     tensors: Vec<Tensor>,
+    stacks: Vec<Stack>,
     /// Index of the tensor that the next bytes belong to (or precede, in padding).
     next: usize,
     /// The bytes received of tensor `next`.
@@ -39,8 +53,8 @@ pub struct StreamedModel {
     /// The file's first bytes until the header parses, then exactly the header.
     header: Vec<u8>,
     layout: Option<Layout>,
-    /// Uploaded matrices by file offset.
-    matrices: HashMap<usize, GpuMatrix>,
+    /// Uploaded matrices by the file offsets of their members (one unless stacked).
+    matrices: HashMap<Vec<usize>, GpuMatrix>,
     /// The 1-D tensors: (file offset, bytes).
     kept: Vec<(usize, Vec<u8>)>,
 }
@@ -115,9 +129,11 @@ impl StreamedModel {
                 offset: t.offset,
                 size: t.size,
                 matrix,
+                stack: None,
             });
         }
         tensors.sort_by_key(|t| t.offset);
+        let stacks = Self::find_stacks(&mut tensors);
         if let Some(pair) = tensors
             .windows(2)
             .find(|w| w[0].offset + w[0].size > w[1].offset)
@@ -129,9 +145,50 @@ impl StreamedModel {
         }
         Ok(Layout {
             tensors,
+            stacks,
             next: 0,
             current: Vec::new(),
         })
+    }
+
+    /// The stacks of 2-D tensors that stack.rs makes of each layer's stack whose members are all
+    /// in the file (the same runs as `GpuSession::load_with`'s); marks their members.
+    fn find_stacks(tensors: &mut [Tensor]) -> Vec<Stack> {
+        let mut found: HashMap<(usize, usize), Vec<Option<usize>>> = HashMap::new();
+        for (i, t) in tensors.iter().enumerate() {
+            if let Some((layer, stack, member)) = stack::member_of(&t.name) {
+                let members = found
+                    .entry((layer, stack))
+                    .or_insert_with(|| vec![None; stack::LAYER_STACKS[stack].len()]);
+                members[member] = Some(i);
+            }
+        }
+        let mut keys: Vec<_> = found.keys().copied().collect();
+        keys.sort_unstable();
+        let mut stacks = Vec::new();
+        for key in keys {
+            let Some(members) = found[&key].iter().copied().collect::<Option<Vec<usize>>>() else {
+                continue;
+            };
+            let Some(shapes) = members
+                .iter()
+                .map(|&i| tensors[i].matrix.map(|(ty, _, cols)| (ty, cols)))
+                .collect::<Option<Vec<_>>>()
+            else {
+                continue;
+            };
+            for run in stack::runs(&shapes).into_iter().filter(|run| run.len() > 1) {
+                let members = members[run].to_vec();
+                for (member, &i) in members.iter().enumerate() {
+                    tensors[i].stack = Some((stacks.len(), member));
+                }
+                stacks.push(Stack {
+                    held: vec![None; members.len()],
+                    members,
+                });
+            }
+        }
+        stacks
     }
 
     /// Hands `bytes` (file offset `pos`) to the tensors they belong to.
@@ -167,23 +224,39 @@ impl StreamedModel {
                 continue;
             }
             let data = std::mem::take(&mut layout.current);
-            match t.matrix {
-                Some((ty, rows, cols)) => {
-                    let m = GpuMatrix::upload_split(
-                        &self.ctx,
-                        ty,
-                        rows,
-                        cols,
-                        &data,
-                        self.max_part_bytes,
-                    )
-                    .map_err(|e| GpuError::Shape(format!("tensor '{}': {e}", t.name)))?;
-                    self.ctx.take_error()?;
-                    self.matrices.insert(t.offset, m);
-                }
-                None => self.kept.push((t.offset, data)),
-            }
             layout.next += 1;
+            let Some((ty, rows, cols)) = t.matrix else {
+                self.kept.push((t.offset, data));
+                continue;
+            };
+            // A matrix alone, or the stack it completes.
+            let (key, rows, data) = match t.stack {
+                None => (vec![t.offset], rows, data),
+                Some((s, member)) => {
+                    let stack = &mut layout.stacks[s];
+                    stack.held[member] = Some(data);
+                    if stack.held.iter().any(Option::is_none) {
+                        continue;
+                    }
+                    let held: Vec<Vec<u8>> = stack.held.iter_mut().flat_map(Option::take).collect();
+                    let members: Vec<&Tensor> =
+                        stack.members.iter().map(|&i| &layout.tensors[i]).collect();
+                    let parts: Vec<&[u8]> = held.iter().map(Vec::as_slice).collect();
+                    (
+                        members.iter().map(|m| m.offset).collect(),
+                        members
+                            .iter()
+                            .filter_map(|m| m.matrix)
+                            .map(|(_, rows, _)| rows)
+                            .sum(),
+                        stack::stacked_bytes(&parts),
+                    )
+                }
+            };
+            let m = GpuMatrix::upload_split(&self.ctx, ty, rows, cols, &data, self.max_part_bytes)
+                .map_err(|e| GpuError::Shape(format!("tensor '{}': {e}", t.name)))?;
+            self.ctx.take_error()?;
+            self.matrices.insert(key, m);
         }
         Ok(())
     }
@@ -210,10 +283,14 @@ impl StreamedModel {
         let context_length = lean::Engine::capped_context(&model, context_length)
             .map_err(|e| GpuError::Load(e.to_string()))?;
         let mut matrices = self.matrices;
-        let session = GpuSession::load_with(self.ctx, kernels, &model, context_length, |m| {
-            matrices
-                .remove(&m.offset)
-                .ok_or_else(|| GpuError::Load(format!("tensor '{}' was not uploaded", m.name)))
+        let session = GpuSession::load_with(self.ctx, kernels, &model, context_length, |members| {
+            let key: Vec<usize> = members.iter().map(|m| m.offset).collect();
+            matrices.remove(&key).ok_or_else(|| {
+                let names: Vec<&str> = members.iter().map(|m| m.name.as_str()).collect();
+                GpuError::Load(format!(
+                    "tensor(s) {names:?} were not uploaded as one matrix"
+                ))
+            })
         })
         .await?;
         Ok((model, session))

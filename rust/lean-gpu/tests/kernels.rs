@@ -10,7 +10,7 @@ use half::f16;
 use lean_gpu::wgpu;
 use lean_gpu::{
     argmax_len, rope_cos_sin, AttentionShape, GpuContext, GpuError, GpuMatrix, Kernels,
-    MatvecExtras, Plan, Rope, RopePairing, StepBuffer,
+    MatvecExtras, Plan, Rope, RopePairing, RowField, StepBuffer,
 };
 use lean_quant::{scalar, TensorType};
 use std::sync::OnceLock;
@@ -413,8 +413,9 @@ fn linear_add_fuses_the_residual() {
     }
 }
 
-/// matvec_bias equals matvec then add, bit for bit, on a matrix split into parts (the bias of
-/// each part's rows) and for each type's pipeline.
+/// matvec_at with a bias equals matvec then add, bit for bit, on a matrix split into parts (the
+/// bias of each part's rows) and for each type's pipeline; at an offset in a wider row it
+/// writes only its field, with the bias entries of that field.
 #[test]
 fn matvec_bias_fuses_the_bias_add() {
     let Some((ctx, kernels)) = gpu() else { return };
@@ -426,19 +427,132 @@ fn matvec_bias_fuses_the_bias_add() {
         let m = GpuMatrix::upload_split(ctx, ty, rows, cols, &w, part).unwrap();
         assert_eq!(m.parts().len(), rows.div_ceil(part_rows));
         let x = ctx.upload_f32("x", &rng.floats(cols, 1.0));
-        let bias = rng.floats(rows, 3.0);
-        let b = ctx.upload_f32("bias", &bias);
-        let (plain, fused) = (
-            ctx.storage_f32("plain", rows),
-            ctx.storage_f32("fused", rows),
-        );
-        submit(ctx, |p| {
-            kernels.matvec(ctx, p, &m, &x, &plain)?;
-            kernels.matvec_bias(ctx, p, &m, &x, &b, &fused)
-        });
-        let product = read_f32(ctx, &plain, rows);
-        let want: Vec<f32> = product.iter().zip(&bias).map(|(p, b)| p + b).collect();
-        assert_eq!(read_f32(ctx, &fused, rows), want, "{ty}");
+        for at in [
+            RowField::whole(rows),
+            RowField {
+                width: rows + 10,
+                offset: 7,
+            },
+        ] {
+            let bias = rng.floats(at.width, 3.0);
+            let b = ctx.upload_f32("bias", &bias);
+            let before = rng.floats(at.width, 1.0);
+            let (plain, fused) = (
+                ctx.storage_f32("plain", rows),
+                ctx.upload_f32("fused", &before),
+            );
+            submit(ctx, |p| {
+                kernels.matvec(ctx, p, &m, &x, &plain)?;
+                kernels.matvec_at(ctx, p, &m, &x, &fused, at, Some(&b))
+            });
+            let product = read_f32(ctx, &plain, rows);
+            let mut want = before.clone();
+            for (r, p) in product.iter().enumerate() {
+                want[at.offset + r] = p + bias[at.offset + r];
+            }
+            assert_eq!(read_f32(ctx, &fused, at.width), want, "{ty} {at:?}");
+        }
+    }
+}
+
+/// One matrix of q, k, v (or gate, up) stacked by rows computes exactly what the members do
+/// alone, and members writing side by side at their offsets (matvec_at, matmul_at) fill the
+/// same rows: the same dot per row. The stacked matrix is split into parts that cross the
+/// members' boundaries. (The shapes keep each kernel's choice of workgroup size and K split
+/// equal between stacked and separate: those set the f32 summation order.)
+#[test]
+fn stacked_matrix_equals_its_members() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut rng = Rng(182);
+    for (ty, members, cols) in [
+        (TensorType::Q8_0, [45, 13, 13], 96),
+        (TensorType::Q4_K, [40, 8, 8], 256),
+        (TensorType::F32, [21, 30, 9], 40),
+        (TensorType::Q4_0, [70, 70, 0], 800),
+    ] {
+        let members: Vec<usize> = members.into_iter().filter(|&r| r > 0).collect();
+        let width: usize = members.iter().sum();
+        let row_bytes = ty.row_bytes(cols).unwrap();
+        let weights: Vec<Vec<u8>> = members
+            .iter()
+            .map(|&rows| random_matrix(&mut rng, ty, rows, cols))
+            .collect();
+        let alone: Vec<GpuMatrix> = weights
+            .iter()
+            .zip(&members)
+            .map(|(w, &rows)| GpuMatrix::upload(ctx, ty, rows, cols, w).unwrap())
+            .collect();
+        let limit = (row_bytes * 20) as u64;
+        let stacked = GpuMatrix::upload_split(ctx, ty, width, cols, &weights.concat(), limit)
+            .expect("stacked upload");
+        assert!(stacked.parts().len() > 2);
+        let offsets: Vec<usize> = members
+            .iter()
+            .scan(0, |at, &rows| {
+                *at += rows;
+                Some(*at - rows)
+            })
+            .collect();
+        for n in [1, 5] {
+            let x = ctx.upload_f32("x", &rng.floats(n * cols, 1.0));
+            let linear = |p: &mut Plan, m: &GpuMatrix, y: &wgpu::Buffer| match n {
+                1 => kernels.matvec(ctx, p, m, &x, y),
+                _ => kernels.matmul(ctx, p, m, &x, y, n),
+            };
+            // Each alone into its own buffer; the stacked one; each at its offset, in rows
+            // with 3 more elements than the fields (left as they were).
+            let own: Vec<wgpu::Buffer> = members
+                .iter()
+                .map(|&rows| ctx.storage_f32("alone", n * rows))
+                .collect();
+            let stacked_y = ctx.storage_f32("stacked", n * width);
+            let wide = width + 3;
+            let before = rng.floats(n * wide, 1.0);
+            let side_by_side = ctx.upload_f32("side by side", &before);
+            submit(ctx, |p| {
+                for (m, y) in alone.iter().zip(&own) {
+                    linear(p, m, y)?;
+                }
+                linear(p, &stacked, &stacked_y)?;
+                for (m, &offset) in alone.iter().zip(&offsets) {
+                    let at = RowField {
+                        width: wide,
+                        offset,
+                    };
+                    match n {
+                        1 => kernels.matvec_at(ctx, p, m, &x, &side_by_side, at, None)?,
+                        _ => kernels.matmul_at(ctx, p, m, &x, &side_by_side, at, n)?,
+                    }
+                }
+                Ok(())
+            });
+            let own: Vec<Vec<f32>> = own
+                .iter()
+                .zip(&members)
+                .map(|(y, &rows)| read_f32(ctx, y, n * rows))
+                .collect();
+            let mut want = Vec::with_capacity(n * width);
+            for t in 0..n {
+                for (y, &rows) in own.iter().zip(&members) {
+                    want.extend_from_slice(&y[t * rows..(t + 1) * rows]);
+                }
+            }
+            assert_eq!(
+                read_f32(ctx, &stacked_y, n * width),
+                want,
+                "{ty} {members:?}: stacked, {n} tokens"
+            );
+            let mut want_wide = before.clone();
+            for t in 0..n {
+                want_wide[t * wide..t * wide + width]
+                    .copy_from_slice(&want[t * width..(t + 1) * width]);
+            }
+            assert_eq!(
+                read_f32(ctx, &side_by_side, n * wide),
+                want_wide,
+                "{ty} {members:?}: side by side, {n} tokens"
+            );
+        }
     }
 }
 
@@ -486,7 +600,7 @@ fn matvec_fuses_the_rms_norm() {
                 accumulate: true,
                 ..Default::default()
             };
-            kernels.matvec_with(ctx, p, &m, &xb, &fused, extras)
+            kernels.matvec_with(ctx, p, &m, &xb, (&fused, RowField::whole(rows)), extras)
         });
         let h = read_f32(ctx, &hb, cols);
         let want = reference_matvec(ty, &w, rows, cols, &h);
@@ -511,13 +625,13 @@ fn matvec_fuses_the_rms_norm() {
     }
 }
 
-/// A matvec reading silu(gate) · up straight from gate and up equals silu_mul then the
-/// matvec, bit for bit (the same expressions in the same order), up at an offset too.
+/// A matvec reading silu(gate) · up straight from a [gate | up] row equals silu_mul then the
+/// matvec, bit for bit (the same expressions in the same order), whatever the gap between them.
 #[test]
 fn matvec_fuses_silu_mul() {
     let Some((ctx, kernels)) = gpu() else { return };
     let mut rng = Rng(193);
-    for (ty, rows, cols, part_rows, up_offset) in [
+    for (ty, rows, cols, part_rows, gap) in [
         (TensorType::Q4_0, 45, 96, 20, 0),
         (TensorType::Q6_K, 33, 512, 33, 8),
         (TensorType::F32, 7, 1000, 3, 4),
@@ -525,29 +639,28 @@ fn matvec_fuses_silu_mul() {
         let w = random_matrix(&mut rng, ty, rows, cols);
         let part = (ty.row_bytes(cols).unwrap() * part_rows) as u64;
         let m = GpuMatrix::upload_split(ctx, ty, rows, cols, &w, part).unwrap();
-        let gate = rng.floats(cols, 4.0);
-        let mut up = rng.floats(up_offset + cols.next_multiple_of(32), 2.0);
-        up[up_offset + cols..].fill(0.0);
+        // [gate | gap | up | zeros to whole units]
+        let up_at = cols + gap;
+        let width = up_at + cols.next_multiple_of(32);
+        let mut gate_up = rng.floats(width, 4.0);
+        gate_up[up_at + cols..].fill(0.0);
         let residual = rng.floats(rows, 1.0);
-        let (gb, ub, upb) = (
-            ctx.upload_f32("gate", &gate),
-            ctx.upload_f32("up", &up),
-            ctx.upload_f32("up alone", &up[up_offset..up_offset + cols]),
-        );
+        let gub = ctx.upload_f32("gate_up", &gate_up);
         let (act, plain, fused) = (
             ctx.storage_f32("act", cols),
             ctx.upload_f32("plain", &residual),
             ctx.upload_f32("fused", &residual),
         );
+        let field = |offset| RowField { width, offset };
         submit(ctx, |p| {
-            kernels.silu_mul(ctx, p, &gb, &upb, &act, cols)?;
+            kernels.silu_mul(ctx, p, &gub, (field(0), field(up_at)), &act, cols, 1)?;
             kernels.matvec_add(ctx, p, &m, &act, &plain)?;
             let extras = MatvecExtras {
-                silu_up: Some((&ub, up_offset)),
+                silu_up: Some((&gub, up_at)),
                 accumulate: true,
                 ..Default::default()
             };
-            kernels.matvec_with(ctx, p, &m, &gb, &fused, extras)
+            kernels.matvec_with(ctx, p, &m, &gub, (&fused, RowField::whole(rows)), extras)
         });
         assert_eq!(
             read_f32(ctx, &fused, rows),
@@ -648,15 +761,58 @@ fn rope_reference(x: &mut [f32], table: &[[f32; 2]], rope: Rope, head_dim: usize
     }
 }
 
+/// Per token rows of `width` holding q, k, v as `fields` (the rest: `fill`).
+fn qkv_rows(
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    n_tokens: usize,
+    width: usize,
+    fields: [RowField; 3],
+    fill: &[f32],
+) -> Vec<f32> {
+    let mut rows = fill[..n_tokens * width].to_vec();
+    for (data, field) in [q, k, v].into_iter().zip(fields) {
+        let len = data.len() / n_tokens;
+        for t in 0..n_tokens {
+            rows[t * width + field.offset..][..len].copy_from_slice(&data[t * len..][..len]);
+        }
+    }
+    rows
+}
+
+/// Layouts of q, k, v in a token's row: the session's [q | k | v], and a permuted one with
+/// gaps, [pad 3 | v | k | pad 1 | q | pad 2].
+fn qkv_layouts(q_dim: usize, kv_dim: usize) -> [(usize, [RowField; 3]); 2] {
+    let dense = q_dim + 2 * kv_dim;
+    let at = |width, offset| RowField { width, offset };
+    // gaps of 4 elements: attention reads q as vec4
+    let gappy = dense + 12;
+    [
+        (
+            dense,
+            [at(dense, 0), at(dense, q_dim), at(dense, q_dim + kv_dim)],
+        ),
+        (
+            gappy,
+            [
+                at(gappy, 8 + 2 * kv_dim),
+                at(gappy, 4 + kv_dim),
+                at(gappy, 4),
+            ],
+        ),
+    ]
+}
+
 /// rope_kv_store: queries rotated in place, keys rotated into the cache (second layer of two),
-/// values copied, every other cache entry untouched.
+/// values copied, every other cache entry and every other element of the qkv rows untouched;
+/// q, k, v as fields of dense and of gappy rows.
 #[test]
 fn rope_kv_store_matches_cpu_for_both_pairings() {
     let Some((ctx, kernels)) = gpu() else { return };
     let mut rng = Rng(80);
     for pairing in [RopePairing::Interleaved, RopePairing::Neox] {
-        // full rotation; a partial one (rope_dim < head_dim) leaves the tail untouched
-        for (head_dim, rope_dim) in [(64, 64), (48, 32)] {
+        // full rotation; a partial one (rope_dim < head_dim) leaves the tail untouched; each
+        // in both layouts of the qkv rows
+        for (head_dim, rope_dim, layout) in [(64, 64, 0), (48, 32, 0), (64, 64, 1), (48, 32, 1)] {
             let (n_tokens, n_heads, n_kv_heads, pos0) = (3, 6, 2, 1000);
             let capacity = pos0 + 5;
             let rope = Rope {
@@ -681,7 +837,10 @@ fn rope_kv_store_matches_cpu_for_both_pairings() {
             let v = rng.floats(n_tokens * kv_dim, 2.0);
             let mut keys = rng.floats(2 * kv_dim * capacity, 1.0);
             let mut values = rng.floats(2 * kv_dim * capacity, 1.0);
-            let bufs: Vec<_> = [&q, &k, &v, &keys, &values]
+            let (width, fields) = qkv_layouts(n_heads * head_dim, kv_dim)[layout];
+            let fill = rng.floats(n_tokens * width, 1.0);
+            let rows = qkv_rows((&q, &k, &v), n_tokens, width, fields, &fill);
+            let bufs: Vec<_> = [&rows, &keys, &values]
                 .iter()
                 .map(|d| ctx.upload_f32("data", d))
                 .collect();
@@ -692,8 +851,8 @@ fn rope_kv_store_matches_cpu_for_both_pairings() {
                     e,
                     &step,
                     &bufs[0],
+                    fields,
                     (&bufs[1], &bufs[2]),
-                    (&bufs[3], &bufs[4]),
                     (&tb, rope),
                     s,
                 )
@@ -733,9 +892,10 @@ fn rope_kv_store_matches_cpu_for_both_pairings() {
                     );
                 }
             };
-            close("q", &read_f32(ctx, &bufs[0], q.len()), &want_q);
-            close("keys", &read_f32(ctx, &bufs[3], keys.len()), &keys);
-            assert_eq!(read_f32(ctx, &bufs[4], values.len()), values, "values");
+            let want_rows = qkv_rows((&want_q, &k, &v), n_tokens, width, fields, &fill);
+            close("qkv rows", &read_f32(ctx, &bufs[0], rows.len()), &want_rows);
+            close("keys", &read_f32(ctx, &bufs[1], keys.len()), &keys);
+            assert_eq!(read_f32(ctx, &bufs[2], values.len()), values, "values");
         }
     }
 }
@@ -776,14 +936,14 @@ fn attention_matches_causal_softmax_reference() {
         let mut v = rng.floats(2 * kv_dim * capacity, 1.0);
         let k_new = rng.floats(n_tokens * kv_dim, 1.0);
         let v_new = rng.floats(n_tokens * kv_dim, 1.0);
-        let (qb, kb, vb) = (
-            ctx.upload_f32("q", &q),
+        // q, k, v in the gappy layout for odd head counts, the session's otherwise
+        let (width, fields) = qkv_layouts(n_heads * head_dim, kv_dim)[n_heads % 2];
+        let fill = rng.floats(n_tokens * width, 1.0);
+        let rows = qkv_rows((&q, &k_new, &v_new), n_tokens, width, fields, &fill);
+        let (qkv, kb, vb) = (
+            ctx.upload_f32("qkv", &rows),
             ctx.upload_f32("k", &k),
             ctx.upload_f32("v", &v),
-        );
-        let (knb, vnb) = (
-            ctx.upload_f32("k new", &k_new),
-            ctx.upload_f32("v new", &v_new),
         );
         let ob = ctx.storage_f32("out", n_tokens * n_heads * head_dim);
         let partials = ctx.storage_f32("partials", s.partials_len());
@@ -796,9 +956,10 @@ fn attention_matches_causal_softmax_reference() {
         };
         let table = ctx.storage_f32("no table", 4);
         submit(ctx, |p| {
-            let kv = (&knb, &vnb);
-            kernels.rope_kv_store(ctx, p, &step, &qb, kv, (&kb, &vb), (&table, no_rope), s)?;
-            kernels.attention(ctx, p, &step, &qb, &kb, &vb, &partials, &ob, s)
+            let rope = (&table, no_rope);
+            kernels.rope_kv_store(ctx, p, &step, &qkv, fields, (&kb, &vb), rope, s)?;
+            let q = (&qkv, fields[0]);
+            kernels.attention(ctx, p, &step, q, &kb, &vb, &partials, &ob, s)
         });
         let got = read_f32(ctx, &ob, n_tokens * n_heads * head_dim);
         // the reference cache after kv_store
@@ -879,28 +1040,40 @@ fn bytemuck_u32(v: &[u32]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
 }
 
+/// silu_mul on one row and on rows of [gate | up] (the session's) and of [pad 2 | up | pad 1 |
+/// gate | pad 3].
 #[test]
 fn silu_mul_matches_torch_formula() {
     let Some((ctx, kernels)) = gpu() else { return };
     let mut rng = Rng(100);
     let n = 1001;
-    let gate = rng.floats(n, 12.0);
-    let up = rng.floats(n, 3.0);
-    let (gb, ub, ob) = (
-        ctx.upload_f32("gate", &gate),
-        ctx.upload_f32("up", &up),
-        ctx.storage_f32("out", n),
-    );
-    submit(ctx, |e| kernels.silu_mul(ctx, e, &gb, &ub, &ob, n));
-    let got = read_f32(ctx, &ob, n);
-    for i in 0..n {
-        let g = gate[i] as f64;
-        let want = g / (1.0 + (-g).exp()) * up[i] as f64;
-        assert!(
-            (got[i] as f64 - want).abs() <= 1e-5 * want.abs().max(1e-6),
-            "[{i}] g {g}: {} vs {want}",
-            got[i]
+    let at = |width, offset| RowField { width, offset };
+    for (n_rows, width, gate_at, up_at) in [
+        (1, 2 * n, at(2 * n, 0), at(2 * n, n)),
+        (3, 2 * n, at(2 * n, 0), at(2 * n, n)),
+        (3, 2 * n + 6, at(2 * n + 6, n + 3), at(2 * n + 6, 2)),
+    ] {
+        let gate_up = rng.floats(n_rows * width, 12.0);
+        let (gub, ob) = (
+            ctx.upload_f32("gate_up", &gate_up),
+            ctx.storage_f32("out", n * n_rows),
         );
+        submit(ctx, |e| {
+            kernels.silu_mul(ctx, e, &gub, (gate_at, up_at), &ob, n, n_rows)
+        });
+        let got = read_f32(ctx, &ob, n * n_rows);
+        for t in 0..n_rows {
+            for i in 0..n {
+                let g = gate_up[t * width + gate_at.offset + i] as f64;
+                let up = gate_up[t * width + up_at.offset + i] as f64;
+                let want = g / (1.0 + (-g).exp()) * up;
+                let got = got[t * n + i] as f64;
+                assert!(
+                    (got - want).abs() <= 1e-5 * want.abs().max(1e-6),
+                    "row {t} [{i}] g {g}: {got} vs {want}"
+                );
+            }
+        }
     }
 }
 
@@ -987,17 +1160,55 @@ fn shape_errors_are_typed() {
         capacity: 1,
         cache_offset: 0,
     };
+    let whole = RowField::whole(64);
     assert!(matches!(
         kernels.rope_kv_store(
             ctx,
             &mut plan,
             &step,
             &b,
-            (&b, &b),
+            [whole; 3],
             (&b, &b),
             (&b, odd),
             one
         ),
+        Err(GpuError::Shape(_))
+    ));
+    // a field that does not fit in its row
+    let past_the_row = RowField {
+        width: 100,
+        offset: 40,
+    };
+    let no_rope = Rope { rope_dim: 0, ..odd };
+    assert!(matches!(
+        kernels.rope_kv_store(
+            ctx,
+            &mut plan,
+            &step,
+            &b,
+            [whole, whole, past_the_row],
+            (&b, &b),
+            (&b, no_rope),
+            one
+        ),
+        Err(GpuError::Shape(_))
+    ));
+    assert!(matches!(
+        kernels.attention(
+            ctx,
+            &mut plan,
+            &step,
+            (&b, past_the_row),
+            &b,
+            &b,
+            &b,
+            &b,
+            one
+        ),
+        Err(GpuError::Shape(_))
+    ));
+    assert!(matches!(
+        kernels.silu_mul(ctx, &mut plan, &b, (whole, past_the_row), &b, 64, 1),
         Err(GpuError::Shape(_))
     ));
     let too_many = AttentionShape {
@@ -1009,7 +1220,7 @@ fn shape_errors_are_typed() {
         cache_offset: 0,
     };
     assert!(matches!(
-        kernels.attention(ctx, &mut plan, &step, &b, &b, &b, &b, &b, too_many),
+        kernels.attention(ctx, &mut plan, &step, (&b, whole), &b, &b, &b, &b, too_many),
         Err(GpuError::Shape(_))
     ));
     let bad_group = AttentionShape {
@@ -1021,7 +1232,17 @@ fn shape_errors_are_typed() {
         cache_offset: 0,
     };
     assert!(matches!(
-        kernels.attention(ctx, &mut plan, &step, &b, &b, &b, &b, &b, bad_group),
+        kernels.attention(
+            ctx,
+            &mut plan,
+            &step,
+            (&b, whole),
+            &b,
+            &b,
+            &b,
+            &b,
+            bad_group
+        ),
         Err(GpuError::Shape(_))
     ));
     let wide = AttentionShape {
@@ -1033,7 +1254,7 @@ fn shape_errors_are_typed() {
         cache_offset: 0,
     };
     assert!(matches!(
-        kernels.attention(ctx, &mut plan, &step, &b, &b, &b, &b, &b, wide),
+        kernels.attention(ctx, &mut plan, &step, (&b, whole), &b, &b, &b, &b, wide),
         Err(GpuError::Shape(_))
     ));
     // the kernel reads heads and the cache as vec4
@@ -1044,7 +1265,17 @@ fn shape_errors_are_typed() {
             ..one
         };
         assert!(matches!(
-            kernels.attention(ctx, &mut plan, &step, &b, &b, &b, &b, &b, unaligned),
+            kernels.attention(
+                ctx,
+                &mut plan,
+                &step,
+                (&b, whole),
+                &b,
+                &b,
+                &b,
+                &b,
+                unaligned
+            ),
             Err(GpuError::Shape(_))
         ));
     }

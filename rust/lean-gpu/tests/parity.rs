@@ -193,18 +193,31 @@ fn generate_async(
 /// backend refuses such a model with an error instead of reading weights that are not there.
 #[test]
 fn streamed_model_equals_the_fixture() {
-    let file = "smollm2-135m-instruct-q4_0.gguf";
+    check_streamed("smollm2-135m-instruct-q4_0.gguf", 8 << 20, 6);
+}
+
+/// The same for a Q4_K_M file, whose layers stack q|k|v, or q|k with v alone (attn_v of
+/// another type), and gate|up, from tensors that arrive in another order (attn_k first). 4 MiB
+/// parts split the 6 MB gate|up matrices inside gate.
+#[test]
+fn streamed_q4_k_m_model_equals_the_fixture() {
+    check_streamed("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", 4 << 20, 3);
+}
+
+/// Streams `file` (matrices split into parts of at most `max_part_bytes`) and checks `tokens`
+/// greedy ids of the fixture's raw_code case.
+fn check_streamed(file: &str, max_part_bytes: u64, tokens: usize) {
     let Some((ctx, kernels)) = gpu() else { return };
     let Some(models) = common::models_dir() else {
         return;
     };
     let bytes = std::fs::read(models.join(file)).expect("model file");
-    // 8 MiB parts: split matrices too. Chunks of 65537 bytes split the header, the padding and
-    // the tensors at odd places.
-    let mut stream = StreamedModel::new(ctx, bytes.len(), Some(8 << 20));
+    // Chunks of 65537 bytes split the header, the padding and the tensors at odd places.
+    let mut stream = StreamedModel::new(ctx, bytes.len(), Some(max_part_bytes));
     for chunk in bytes.chunks(65_537) {
         stream.push(chunk).expect("push");
     }
+    drop(bytes);
     let (model, session) =
         pollster::block_on(stream.into_session(kernels, 256)).expect("streamed session");
     assert!(!model.has_weight_data());
@@ -221,8 +234,8 @@ fn streamed_model_equals_the_fixture() {
     .expect("engine");
     let fixture = parity_check::fixture_for(file);
     let (prompt, greedy) = fixture.ids("raw_code");
-    let ids = generate_async(&mut engine, prompt, 6, SamplingParams::default());
-    assert_eq!(ids, greedy[..6]);
+    let ids = generate_async(&mut engine, prompt, tokens, SamplingParams::default());
+    assert_eq!(ids, greedy[..tokens]);
 }
 
 /// Streaming errors name the problem: too many bytes, a truncated file, a corrupt header.

@@ -27,8 +27,8 @@ struct Params {
     n_splits: u32,
     split_len: u32,    // positions per split, a multiple of CHUNK
     stats_offset: u32, // vec4s: where the (max, sum) of the splits start in `partials`
-    _pad0: u32,
-    _pad1: u32,
+    q_stride: u32,     // row width and offset of the queries in q's token rows (multiples of 4)
+    q_offset: u32,
 }
 
 struct Step {
@@ -40,7 +40,7 @@ struct Step {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<uniform> step: Step;
-@group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;    // [token][head][head_dim]
+@group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;    // [token][.. head][head_dim ..]
 @group(0) @binding(3) var<storage, read> keys: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> vals: array<vec4<f32>>;
 // [token][head][split][head_dim]: the unnormalized outputs, then from stats_offset
@@ -113,7 +113,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     let kv_base = p.cache_offset / 4u + (h / (p.n_heads / p.n_kv_heads)) * p.capacity * hd4;
     let head = t * p.n_heads + h;
     if (lid < hd4) {
-        q_head[lid] = q[head * hd4 + lid];
+        q_head[lid] = q[(t * p.q_stride + p.q_offset) / 4u + h * hd4 + lid];
     }
     workgroupBarrier();
 

@@ -4,7 +4,8 @@
 // as the CPU backend: WGSL's cos/sin are far less precise for large angles).
 // Per token, threads take: a pair of rotated query elements each (in place), then one key
 // element each (read from k, rotated out of place with the same expression), then one value
-// element each. Cache layout from cache_offset: [kv_head][capacity][head_dim], positions
+// element each. q, k and v are fields of the token's row of one buffer (each field: its row
+// width and offset). Cache layout from cache_offset: [kv_head][capacity][head_dim], positions
 // step.pos0 .. pos0 + n_tokens.
 
 struct Params {
@@ -16,6 +17,14 @@ struct Params {
     neox: u32,     // 1: pairs (i, i + rope_dim/2) (qwen2); 0: pairs (2i, 2i + 1) (llama GGUF)
     capacity: u32,
     cache_offset: u32,
+    q_stride: u32, // row width and offset of q in qkv
+    q_offset: u32,
+    k_stride: u32,
+    k_offset: u32,
+    v_stride: u32,
+    v_offset: u32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 struct Step {
@@ -27,12 +36,11 @@ struct Step {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<uniform> step: Step;
-@group(0) @binding(2) var<storage, read_write> q: array<f32>; // [token][head][head_dim]
-@group(0) @binding(3) var<storage, read> k: array<f32>;      // [token][kv_head][head_dim]
-@group(0) @binding(4) var<storage, read> v: array<f32>;
-@group(0) @binding(5) var<storage, read_write> keys: array<f32>;
-@group(0) @binding(6) var<storage, read_write> vals: array<f32>;
-@group(0) @binding(7) var<storage, read> cos_sin: array<vec2<f32>>; // [position][rope_dim/2]
+// Per token: q [head][head_dim], k and v [kv_head][head_dim], at their fields.
+@group(0) @binding(2) var<storage, read_write> qkv: array<f32>;
+@group(0) @binding(3) var<storage, read_write> keys: array<f32>;
+@group(0) @binding(4) var<storage, read_write> vals: array<f32>;
+@group(0) @binding(5) var<storage, read> cos_sin: array<vec2<f32>>; // [position][rope_dim/2]
 
 const WORKGROUP: u32 = 64u;
 
@@ -52,7 +60,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     let pos = step.pos0 + t;
     if (r < q_pairs) {
         let i = r % half;
-        let base = (t * p.n_heads + r / half) * p.head_dim;
+        let base = t * p.q_stride + p.q_offset + (r / half) * p.head_dim;
         var a = 2u * i;
         var b = 2u * i + 1u;
         if (p.neox != 0u) {
@@ -60,22 +68,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
             b = i + half;
         }
         let cs = cos_sin[pos * half + i];
-        let x0 = q[base + a];
-        let x1 = q[base + b];
-        q[base + a] = x0 * cs.x + (-x1) * cs.y;
-        q[base + b] = x1 * cs.x + x0 * cs.y;
+        let x0 = qkv[base + a];
+        let x1 = qkv[base + b];
+        qkv[base + a] = x0 * cs.x + (-x1) * cs.y;
+        qkv[base + b] = x1 * cs.x + x0 * cs.y;
         return;
     }
     let j = (r - q_pairs) % kv_dim;
     let head = j / p.head_dim;
     let d = j % p.head_dim;
-    let src = t * kv_dim + j;
     let at = p.cache_offset + (head * p.capacity + pos) * p.head_dim + d;
     if (r >= q_pairs + kv_dim) {
-        vals[at] = v[src];
+        vals[at] = qkv[t * p.v_stride + p.v_offset + j];
         return;
     }
-    let x = k[src];
+    let src = t * p.k_stride + p.k_offset + j;
+    let x = qkv[src];
     if (d >= p.rope_dim) {
         keys[at] = x;
         return;
@@ -97,7 +105,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
         }
     }
     let cs = cos_sin[pos * half + i];
-    let other = k[partner];
+    let other = qkv[partner];
     if (first) {
         keys[at] = x * cs.x + (-other) * cs.y;
     } else {

@@ -1,16 +1,21 @@
-// SwiGLU: out = silu(gate) * up with silu(g) = g * (1 / (1 + exp(-g))) as torch computes it.
+// SwiGLU: out = silu(gate) * up with silu(g) = g * (1 / (1 + exp(-g))) as torch computes it,
+// for n_rows rows of n elements; gate and up are fields of the rows of one buffer (each its row
+// width and offset), out is n_rows × n.
 
 struct Params {
     n: u32,
+    n_rows: u32,
+    gate_stride: u32,
+    gate_offset: u32,
+    up_stride: u32,
+    up_offset: u32,
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> gate: array<f32>;
-@group(0) @binding(2) var<storage, read> up: array<f32>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(1) var<storage, read> gate_up: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
 
 const WORKGROUP: u32 = 64u;
 
@@ -18,10 +23,12 @@ const WORKGROUP: u32 = 64u;
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let i = (wid.x + wid.y * groups.x) * WORKGROUP + lid;
-    if (i >= p.n) {
+    if (i >= p.n * p.n_rows) {
         return;
     }
-    let g = gate[i];
+    let t = i / p.n;
+    let j = i % p.n;
+    let g = gate_up[t * p.gate_stride + p.gate_offset + j];
     let sigmoid = 1.0 / (1.0 + exp(-g));
-    out[i] = (g * sigmoid) * up[i];
+    out[i] = (g * sigmoid) * gate_up[t * p.up_stride + p.up_offset + j];
 }
