@@ -127,7 +127,15 @@ pub fn new_session(backend: &str, model: &Model, context: usize) -> lean::Result
     let gpu_error = |e: lean_gpu::GpuError| LeanError::Backend(format!("GPU: {e}"));
     let gpu = pollster::block_on(GpuContext::new()).map_err(gpu_error)?;
     eprintln!("lean: GPU adapter {}", gpu.describe());
-    let kernels = pollster::block_on(Kernels::new(&gpu)).map_err(gpu_error)?;
+    // Matvecs reduce with subgroupAdd where the adapter has subgroups (LEAN_GPU_SUBGROUPS=0:
+    // never, to compare).
+    let subgroups = gpu.features().contains(lean_gpu::wgpu::Features::SUBGROUP)
+        && std::env::var("LEAN_GPU_SUBGROUPS").map_or(true, |v| v != "0");
+    let kernels = match subgroups {
+        true => pollster::block_on(Kernels::with_subgroup_matvec(&gpu)),
+        false => pollster::block_on(Kernels::new(&gpu)),
+    }
+    .map_err(gpu_error)?;
     let session =
         GpuSession::new(Arc::new(gpu), Arc::new(kernels), model, context).map_err(gpu_error)?;
     Ok(Box::new(session))

@@ -652,10 +652,9 @@ impl Kernels {
 
     /// As `new`, with matvecs that sum their threads' partial dots with subgroupAdd instead of
     /// a tree in workgroup memory; `GpuError::MissingFeatures` unless the device has
-    /// wgpu::Features::SUBGROUP. Not the default yet: on an H200 (Vulkan, driver 580) it was
-    /// 3-8% faster on most shapes, and the 3-5x slower cases first seen on some shapes were
-    /// probably GPU clocks ramping up (examples/gpu_bench.rs now warms up; re-measure, and test
-    /// it in browsers, before making it the default).
+    /// wgpu::Features::SUBGROUP. lean-cli uses it natively where the adapter has subgroups (on
+    /// an H200, decode 1-3% faster in whole models); the browser build keeps `new` until this
+    /// path is tested on browsers' WebGPU.
     pub async fn with_subgroup_matvec(ctx: &GpuContext) -> Result<Self> {
         if !ctx.features().contains(wgpu::Features::SUBGROUP) {
             return Err(GpuError::MissingFeatures("SUBGROUP".into()));
