@@ -18,8 +18,8 @@ fn weights4(i: u32) -> vec4<f32> {
 }
 
 fn slice_dot(row: u32, s: u32, xs: array<vec4<f32>, 2>) -> f32 {
-    let i = 8u * (row * row_slices() + s);
-    return dot_acc(dot_acc(0.0, weights4(i), xs[0]), weights4(i + 4u), xs[1]);
+    let ws = slice_weights(row, s);
+    return dot_acc(dot_acc(0.0, ws[0], xs[0]), ws[1], xs[1]);
 }
 
 // The 8 weights of slice s of part row `row` (the prefill matmul decodes its tiles with this).

@@ -9,22 +9,22 @@ fn slice_x(s: u32) -> array<vec4<f32>, 2> {
     return x_slice_vec4(s);
 }
 
-// Dot of slice s of part row `row` with its activations xs (d factored out of the slice's sum).
-fn slice_dot(row: u32, s: u32, xs: array<vec4<f32>, 2>) -> f32 {
+// Slice s of part row `row`: its quants q - 8 and d.
+fn slice_quants(row: u32, s: u32) -> Slice {
     let i = row * row_slices() + s;
     let q = w[i];
-    let t = dot_acc(0.0, magic_bytes(q & NIBBLES) - Q4_0_BIAS, xs[0]);
-    let u = dot_acc(t, magic_bytes((q >> 4u) & NIBBLES) - Q4_0_BIAS, xs[1]);
-    return f16_at(p.part.region1, i / 4u) * u;
+    return Slice(f16_at(p.part.region1, i / 4u), array<vec4<f32>, 2>(
+        magic_bytes(q & NIBBLES) - Q4_0_BIAS, magic_bytes((q >> 4u) & NIBBLES) - Q4_0_BIAS));
+}
+
+// Dot of slice s of part row `row` with its activations xs (d factored out of the slice's sum).
+fn slice_dot(row: u32, s: u32, xs: array<vec4<f32>, 2>) -> f32 {
+    return scaled_dot(slice_quants(row, s), xs);
 }
 
 // The 8 weights of slice s of part row `row` (the prefill matmul decodes its tiles with this).
 fn slice_weights(row: u32, s: u32) -> array<vec4<f32>, 2> {
-    let i = row * row_slices() + s;
-    let q = w[i];
-    let d = f16_at(p.part.region1, i / 4u);
-    return array<vec4<f32>, 2>((magic_bytes(q & NIBBLES) - Q4_0_BIAS) * d,
-                               (magic_bytes((q >> 4u) & NIBBLES) - Q4_0_BIAS) * d);
+    return scaled_weights(slice_quants(row, s));
 }
 
 // Element e of part row `row` (embed dequantizes with this).

@@ -6,27 +6,16 @@ fn slice_x(s: u32) -> array<vec4<f32>, 2> {
     return x_slice_vec4(s);
 }
 
-// dot of the 4 nibbles of `quads` (bytes) with xv, weights d * q + m (rounded once, as the
-// reference dequantizes them: d * q is exact)
-fn q4_1_word(acc: f32, quads: u32, d: f32, m: f32, xv: vec4<f32>) -> f32 {
-    let q = magic_bytes(quads & NIBBLES) - vec4<f32>(8388608.0);
-    return dot_acc(acc, fma(vec4<f32>(d), q, vec4<f32>(m)), xv);
-}
-
-// Slice c of a block: the low (c < 2) or high nibbles of qs[8(c % 2) ..+ 8].
+// Dot of slice s of part row `row` with its activations xs: of its weights, as slice_weights
+// rounds them.
 fn slice_dot(row: u32, s: u32, xs: array<vec4<f32>, 2>) -> f32 {
-    let blk = row * p.part.row_bytes + (s / 4u) * 20u;
-    let c = s % 4u;
-    let d = load_f16(blk);
-    let m = load_f16(blk + 2u);
-    let q = blk / 4u + 1u + 2u * (c % 2u);
-    let shift = 4u * (c / 2u);
-    let t = q4_1_word(0.0, w[q] >> shift, d, m, xs[0]);
-    return q4_1_word(t, w[q + 1u] >> shift, d, m, xs[1]);
+    let ws = slice_weights(row, s);
+    return dot_acc(dot_acc(0.0, ws[0], xs[0]), ws[1], xs[1]);
 }
 
-// The 8 weights of slice s of part row `row` (the prefill matmul decodes its tiles with this):
-// slice c of a block is the low (c < 2) or high nibbles of qs[8(c % 2) ..+ 8].
+// The 8 weights of slice s of part row `row` (also the prefill matmul's tiles): slice c of a
+// block is the low (c < 2) or high nibbles of qs[8(c % 2) ..+ 8]; d * q + m rounded once, as
+// the reference dequantizes them (d * q is exact).
 fn slice_weights(row: u32, s: u32) -> array<vec4<f32>, 2> {
     let blk = row * p.part.row_bytes + (s / 4u) * 20u;
     let c = s % 4u;

@@ -18,28 +18,16 @@ fn scale_min_k4(blk: u32, j: u32) -> vec2<u32> {
     return vec2<u32>(sc, mn);
 }
 
-// acc + the dot of the 4 nibbles of `quads` (bytes) with xv; weights dl * q - ml rounded once,
-// as the reference dequantizes them (dl * q is exact)
-fn q4_k_word(acc: f32, quads: u32, dl: f32, ml: f32, xv: vec4<f32>) -> f32 {
-    let q = magic_bytes(quads & NIBBLES) - vec4<f32>(8388608.0);
-    return dot_acc(acc, fma(vec4<f32>(dl), q, vec4<f32>(-ml)), xv);
-}
-
-// Slice c of sub-block sub: bytes qs[32(sub / 2) + 8c ..+ 8].
+// Dot of slice s of part row `row` with its activations xs: of its weights, as slice_weights
+// rounds them.
 fn slice_dot(row: u32, s: u32, xs: array<vec4<f32>, 2>) -> f32 {
-    let blk = row * p.part.row_bytes + (s / 32u) * 144u;
-    let sub = (s / 4u) % 8u;
-    let sm = scale_min_k4(blk, sub);
-    let dl = load_f16(blk) * f32(sm.x);
-    let ml = load_f16(blk + 2u) * f32(sm.y);
-    let q = (blk + 16u + 32u * (sub / 2u) + 8u * (s % 4u)) / 4u;
-    let shift = 4u * (sub % 2u);
-    let t = q4_k_word(0.0, w[q] >> shift, dl, ml, xs[0]);
-    return q4_k_word(t, w[q + 1u] >> shift, dl, ml, xs[1]);
+    let ws = slice_weights(row, s);
+    return dot_acc(dot_acc(0.0, ws[0], xs[0]), ws[1], xs[1]);
 }
 
-// The 8 weights of slice s of part row `row` (the prefill matmul decodes its tiles with this):
-// slice s % 4 of sub-block (s / 4) % 8, read as slice_dot reads it.
+// The 8 weights of slice s of part row `row` (also the prefill matmul's tiles): slice s % 4 of
+// sub-block (s / 4) % 8, bytes qs[32(sub / 2) + 8(s % 4) ..+ 8]; dl * q - ml rounded once, as
+// the reference dequantizes them (dl * q is exact).
 fn slice_weights(row: u32, s: u32) -> array<vec4<f32>, 2> {
     let blk = row * p.part.row_bytes + (s / 32u) * 144u;
     let sub = (s / 4u) % 8u;

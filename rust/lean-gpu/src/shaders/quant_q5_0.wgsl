@@ -13,8 +13,9 @@ fn fifth_bits(h: u32) -> u32 {
     return ((h & 1u) << 4u) | ((h & 2u) << 11u) | ((h & 4u) << 18u) | ((h & 8u) << 25u);
 }
 
-// Slice c of a block: elements 8c ..+ 8, the low (c < 2) or high nibbles of qs[8(c % 2) ..+ 8].
-fn slice_dot(row: u32, s: u32, xs: array<vec4<f32>, 2>) -> f32 {
+// Slice s of part row `row`: its quants q - 16 and d. Slice c of a block: elements 8c ..+ 8,
+// the low (c < 2) or high nibbles of qs[8(c % 2) ..+ 8].
+fn slice_quants(row: u32, s: u32) -> Slice {
     let blk = row * p.part.row_bytes + (s / 4u) * 22u;
     let c = s % 4u;
     let qh = load_u32(blk + 2u) >> (8u * c);
@@ -22,22 +23,17 @@ fn slice_dot(row: u32, s: u32, xs: array<vec4<f32>, 2>) -> f32 {
     let shift = 4u * (c / 2u);
     let lo = ((load_u32(qs) >> shift) & NIBBLES) | fifth_bits(qh);
     let hi = ((load_u32(qs + 4u) >> shift) & NIBBLES) | fifth_bits(qh >> 4u);
-    let t = dot_acc(0.0, magic_bytes(lo) - Q5_0_BIAS, xs[0]);
-    return load_f16(blk) * dot_acc(t, magic_bytes(hi) - Q5_0_BIAS, xs[1]);
+    return Slice(load_f16(blk),
+                 array<vec4<f32>, 2>(magic_bytes(lo) - Q5_0_BIAS, magic_bytes(hi) - Q5_0_BIAS));
 }
 
-// The 8 weights of slice s of part row `row` (the prefill matmul decodes its tiles with this),
-// read as slice_dot reads them.
+fn slice_dot(row: u32, s: u32, xs: array<vec4<f32>, 2>) -> f32 {
+    return scaled_dot(slice_quants(row, s), xs);
+}
+
+// The 8 weights of slice s of part row `row` (the prefill matmul decodes its tiles with this).
 fn slice_weights(row: u32, s: u32) -> array<vec4<f32>, 2> {
-    let blk = row * p.part.row_bytes + (s / 4u) * 22u;
-    let c = s % 4u;
-    let qh = load_u32(blk + 2u) >> (8u * c);
-    let qs = blk + 6u + 8u * (c % 2u);
-    let shift = 4u * (c / 2u);
-    let lo = ((load_u32(qs) >> shift) & NIBBLES) | fifth_bits(qh);
-    let hi = ((load_u32(qs + 4u) >> shift) & NIBBLES) | fifth_bits(qh >> 4u);
-    let d = load_f16(blk);
-    return array<vec4<f32>, 2>(d * (magic_bytes(lo) - Q5_0_BIAS), d * (magic_bytes(hi) - Q5_0_BIAS));
+    return scaled_weights(slice_quants(row, s));
 }
 
 // Element e of part row `row` (embed dequantizes with this).

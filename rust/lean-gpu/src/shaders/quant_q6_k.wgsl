@@ -13,32 +13,28 @@ fn slice_x(s: u32) -> array<vec4<f32>, 2> {
     return x_slice_vec4(s);
 }
 
-// Dot of slice s of part row `row` with its activations xs (d * scale factored out).
-fn slice_dot(row: u32, s: u32, xs: array<vec4<f32>, 2>) -> f32 {
+// Slice s of part row `row`: its quants q - 32 and d * scale (exact in f32: 11 by 8
+// significant bits).
+fn slice_quants(row: u32, s: u32) -> Slice {
     let i = row * row_slices() + s;
     let q = w[i];
     let pairs = w[p.part.region1 + i / 2u] >> (4u * (i & 1u));
     let lo = (q & NIBBLES) | ((pairs << 4u) & PAIRS);
     let hi = ((q >> 4u) & NIBBLES) | ((pairs << 2u) & PAIRS);
-    let t = dot_acc(0.0, magic_bytes(lo) - Q6_K_BIAS, xs[0]);
-    let u = dot_acc(t, magic_bytes(hi) - Q6_K_BIAS, xs[1]);
     let scale = extractBits(i32(w[p.part.region2 + i / 8u]), 8u * ((i / 2u) % 4u), 8u);
-    // d * scale is exact in f32 (11 by 8 significant bits)
-    return (f16_at(p.part.region3, i / 32u) * f32(scale)) * u;
+    return Slice(f16_at(p.part.region3, i / 32u) * f32(scale),
+                 array<vec4<f32>, 2>(magic_bytes(lo) - Q6_K_BIAS, magic_bytes(hi) - Q6_K_BIAS));
 }
 
-// The 8 weights of slice s of part row `row` (the prefill matmul decodes its tiles with this).
+// Dot of slice s of part row `row` with its activations xs (d * scale factored out).
+fn slice_dot(row: u32, s: u32, xs: array<vec4<f32>, 2>) -> f32 {
+    return scaled_dot(slice_quants(row, s), xs);
+}
+
+// The 8 weights of slice s of part row `row` (the prefill matmul decodes its tiles with this),
+// grouped (d * scale) * (q - 32) as the reference (weight_at) does.
 fn slice_weights(row: u32, s: u32) -> array<vec4<f32>, 2> {
-    let i = row * row_slices() + s;
-    let q = w[i];
-    let pairs = w[p.part.region1 + i / 2u] >> (4u * (i & 1u));
-    let lo = (q & NIBBLES) | ((pairs << 4u) & PAIRS);
-    let hi = ((q >> 4u) & NIBBLES) | ((pairs << 2u) & PAIRS);
-    let scale = extractBits(i32(w[p.part.region2 + i / 8u]), 8u * ((i / 2u) % 4u), 8u);
-    // (d * scale) * (q - 32), grouped as the reference (weight_at) does
-    let ds = f16_at(p.part.region3, i / 32u) * f32(scale);
-    return array<vec4<f32>, 2>(ds * (magic_bytes(lo) - Q6_K_BIAS),
-                               ds * (magic_bytes(hi) - Q6_K_BIAS));
+    return scaled_weights(slice_quants(row, s));
 }
 
 // Element e of part row `row` (embed dequantizes with this).

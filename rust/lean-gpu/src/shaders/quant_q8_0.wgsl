@@ -9,20 +9,21 @@ fn slice_x(s: u32) -> array<vec4<f32>, 2> {
     return x_slice_vec4(s);
 }
 
+// Slice s of part row `row`: its quants q and d.
+fn slice_quants(row: u32, s: u32) -> Slice {
+    let i = row * row_slices() + s;
+    return Slice(f16_at(p.part.region2, i / 4u), array<vec4<f32>, 2>(
+        magic_bytes(w[i]) - Q8_0_BIAS, magic_bytes(w[p.part.region1 + i]) - Q8_0_BIAS));
+}
+
 // Dot of slice s of part row `row` with its activations xs (d factored out of the slice's sum).
 fn slice_dot(row: u32, s: u32, xs: array<vec4<f32>, 2>) -> f32 {
-    let i = row * row_slices() + s;
-    let t = dot_acc(0.0, magic_bytes(w[i]) - Q8_0_BIAS, xs[0]);
-    let u = dot_acc(t, magic_bytes(w[p.part.region1 + i]) - Q8_0_BIAS, xs[1]);
-    return f16_at(p.part.region2, i / 4u) * u;
+    return scaled_dot(slice_quants(row, s), xs);
 }
 
 // The 8 weights of slice s of part row `row` (the prefill matmul decodes its tiles with this).
 fn slice_weights(row: u32, s: u32) -> array<vec4<f32>, 2> {
-    let i = row * row_slices() + s;
-    let d = f16_at(p.part.region2, i / 4u);
-    return array<vec4<f32>, 2>((magic_bytes(w[i]) - Q8_0_BIAS) * d,
-                               (magic_bytes(w[p.part.region1 + i]) - Q8_0_BIAS) * d);
+    return scaled_weights(slice_quants(row, s));
 }
 
 // Element e of part row `row` (embed dequantizes with this).

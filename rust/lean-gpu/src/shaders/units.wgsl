@@ -30,6 +30,24 @@ fn magic_bytes(v: u32) -> vec4<f32> {
     return bitcast<vec4<f32>>(b | vec4<u32>(0x4B000000u));
 }
 
+// A slice's 8 quants as exact floats (two vec4: elements 0..4, 4..8) and the factor its
+// weights share: weight = scale * q. The types with such a factor decode a slice once, in
+// slice_quants, for both slice_dot (scale times the quants' dot) and slice_weights.
+struct Slice {
+    scale: f32,
+    q: array<vec4<f32>, 2>,
+}
+
+// scale * (q · xs), the quants' dot taken first.
+fn scaled_dot(sl: Slice, xs: array<vec4<f32>, 2>) -> f32 {
+    return sl.scale * dot_acc(dot_acc(0.0, sl.q[0], xs[0]), sl.q[1], xs[1]);
+}
+
+// The 8 weights scale * q.
+fn scaled_weights(sl: Slice) -> array<vec4<f32>, 2> {
+    return array<vec4<f32>, 2>(sl.scale * sl.q[0], sl.scale * sl.q[1]);
+}
+
 // acc + dot(a, b), as four chained fused multiply-adds.
 fn dot_acc(acc: f32, a: vec4<f32>, b: vec4<f32>) -> f32 {
     return fma(a.w, b.w, fma(a.z, b.z, fma(a.y, b.y, fma(a.x, b.x, acc))));
