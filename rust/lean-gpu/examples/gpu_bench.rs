@@ -15,7 +15,7 @@
 //! CPU adapter such as lavapipe, uses shapes a tenth the size and fewer repetitions; type names
 //! such as Q4_0 Q6_K restrict the cases to those types).
 use lean_gpu::wgpu;
-use lean_gpu::{GpuContext, GpuMatrix, Kernels, Plan};
+use lean_gpu::{GpuContext, GpuMatrix, Kernels, MatvecExtras, Plan, RowField};
 use lean_quant::{scalar, TensorType};
 use std::time::Instant;
 
@@ -361,8 +361,13 @@ fn main() {
         Err(lean_gpu::GpuError::MissingFeatures(_)) => None,
         Err(e) => panic!("subgroup kernels: {e}"),
     };
-    let mut variants = vec![("default", &kernels)];
-    variants.extend(subgroup.as_ref().map(|k| ("subgroup", k)));
+    // (name, kernels, fusion: 0 plain, 1 RMS norm of x, 2 silu(x) · up)
+    let mut variants = vec![
+        ("default", &kernels, 0),
+        ("default+norm", &kernels, 1),
+        ("default+silu", &kernels, 2),
+    ];
+    variants.extend(subgroup.as_ref().map(|k| ("subgroup", k, 0)));
     let small = small || ctx.adapter_info().device_type == wgpu::DeviceType::Cpu;
     let (run_bytes, rotation_bytes) = if small {
         (RUN_BYTES_SMALL, ROTATION_BYTES_SMALL)
@@ -410,19 +415,30 @@ fn main() {
         let x = random_floats(cols);
         let xb = ctx.upload_f32("x", &x);
         let yb = ctx.storage_f32("y", rows);
+        // the norm's weights padded to whole units, as the session uploads them
+        let norm = ctx.upload_f32("norm", &random_floats(cols.next_multiple_of(32)));
+        let up = ctx.upload_f32("up", &random_floats(cols.next_multiple_of(32)));
         let dispatches = run_bytes
             .div_ceil(bytes)
             .clamp(copies as u64, MAX_DISPATCHES) as usize;
-        for &(variant, kernels) in &variants {
+        for &(variant, kernels, fusion) in &variants {
+            let extras = MatvecExtras {
+                norm: (fusion == 1).then_some((&norm, 1e-6)),
+                silu_up: (fusion == 2).then_some((&up, 0)),
+                ..Default::default()
+            };
             // All dispatches recorded into one plan: one compute pass, as a forward pass runs.
             let mut plan = Plan::new();
             for m in matrices.iter().cycle().take(dispatches) {
+                let at = RowField::whole(rows);
                 kernels
-                    .matvec(&ctx, &mut plan, m, &xb, &yb)
+                    .matvec_with(&ctx, &mut plan, m, &xb, (&yb, at), extras)
                     .expect("matvec");
             }
             let seconds = timer.best(&ctx, |encoder| plan.encode(encoder));
-            spot_check(&ctx, ty, &w, rows, cols, &x, &yb);
+            if fusion == 0 {
+                spot_check(&ctx, ty, &w, rows, cols, &x, &yb);
+            }
             let per = seconds / dispatches as f64;
             println!(
                 "| {ty} | {rows}x{cols} | {} | {variant} | {copies} | {dispatches} | {:.1} µs | {} |",

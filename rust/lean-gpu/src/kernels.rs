@@ -153,11 +153,9 @@ struct MatvecParams {
     first_row: u32,
     accumulate: u32,
     bias: u32,
-    norm: u32,
     eps: f32,
-    silu: u32,
     up_offset: u32,
-    pad: [u32; 3],
+    pad: [u32; 5],
 }
 
 #[repr(C)]
@@ -460,14 +458,69 @@ pub fn rope_cos_sin(
     table
 }
 
-/// Matvec pipelines of a type, one per workgroup size (MATVEC_WORKGROUP_SIZES).
-type MatvecPipelines = Vec<(TensorType, Vec<wgpu::ComputePipeline>)>;
+/// The matvec shader of each type; its pipelines, one per workgroup size and fusion (override
+/// constants), are created on first use: of the 12 per type a model uses a few.
+struct MatvecShaders {
+    modules: Vec<(TensorType, wgpu::ShaderModule)>,
+    pipelines: std::sync::Mutex<MatvecPipelines>,
+}
+
+/// A matvec pipeline: (type, index in MATVEC_WORKGROUP_SIZES, norm, silu).
+type MatvecPipelines =
+    std::collections::HashMap<(TensorType, usize, bool, bool), wgpu::ComputePipeline>;
+
+impl MatvecShaders {
+    fn new(ctx: &GpuContext, name: &str, source: impl Fn(&str) -> String) -> Self {
+        let modules = MATVEC_TYPES
+            .iter()
+            .map(|&(ty, block)| {
+                let label = format!("{name}_{ty}");
+                // SAFETY: every index is in range and every loop ends (see matvec_module).
+                (ty, unsafe { matvec_module(ctx, &label, &source(block)) })
+            })
+            .collect();
+        MatvecShaders {
+            modules,
+            pipelines: Default::default(),
+        }
+    }
+
+    /// The pipeline of `ty` with workgroup size MATVEC_WORKGROUP_SIZES[size] that fuses in
+    /// the RMS norm of x (`norm`) or silu · up (`silu`).
+    fn pipeline(
+        &self,
+        ctx: &GpuContext,
+        ty: TensorType,
+        size: usize,
+        norm: bool,
+        silu: bool,
+    ) -> Result<wgpu::ComputePipeline> {
+        let mut pipelines = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = pipelines.get(&(ty, size, norm, silu)) {
+            return Ok(p.clone());
+        }
+        let (_, module) = self
+            .modules
+            .iter()
+            .find(|(t, _)| *t == ty)
+            .ok_or(GpuError::UnsupportedType(ty))?;
+        let constants = [
+            ("WORKGROUP", MATVEC_WORKGROUP_SIZES[size] as f64),
+            ("NORM", norm as u8 as f64),
+            ("SILU", silu as u8 as f64),
+        ];
+        let label = format!("matvec_{ty}");
+        let pipeline = pipeline_of(ctx, &label, module, "main", &constants);
+        pipelines.insert((ty, size, norm, silu), pipeline.clone());
+        Ok(pipeline)
+    }
+}
 
 /// All compiled pipelines.
 pub struct Kernels {
     /// Matvecs reducing in workgroup memory, and with subgroupAdd (`with_subgroup_matvec`).
-    matvec: MatvecPipelines,
-    matvec_subgroup: Option<MatvecPipelines>,
+    matvec: MatvecShaders,
+    matvec_subgroup: Option<MatvecShaders>,
     matmul: Vec<(TensorType, wgpu::ComputePipeline)>,
     matmul_reduce: wgpu::ComputePipeline,
     /// The partial sums of a matmul with K split, reused by every such dispatch (grown when
@@ -526,7 +579,7 @@ unsafe fn trusted_module(ctx: &GpuContext, label: &str, source: &str) -> wgpu::S
     }
 }
 
-/// A matvec pipeline, compiled without wgpu's runtime checks (clamped indices, loop counters,
+/// A matvec shader, compiled without wgpu's runtime checks (clamped indices, loop counters,
 /// guarded divisions): decode reads every weight through it, and the checks cost it 5-15% on
 /// an H200. In the browser the checks stay (create_shader_module_trusted is the plain one).
 ///
@@ -550,15 +603,14 @@ unsafe fn trusted_module(ctx: &GpuContext, label: &str, source: &str) -> wgpu::S
 /// - every loop steps by at least 1 toward a fixed bound, and the only divisions are by
 ///   constants.
 ///
-/// `tests/kernels.rs` runs these pipelines on awkward sizes (one-block rows, rows not a
+/// `tests/kernels.rs` runs its pipelines on awkward sizes (one-block rows, rows not a
 /// multiple of the workgroup's, split parts, F32 rows ending inside a slice).
-fn matvec_pipelines(ctx: &GpuContext, label: &str, source: &str) -> Vec<wgpu::ComputePipeline> {
+///
+/// # Safety
+/// `source` is matvec.wgsl with one of its reductions and a block snippet of MATVEC_TYPES.
+unsafe fn matvec_module(ctx: &GpuContext, label: &str, source: &str) -> wgpu::ShaderModule {
     // SAFETY: every index is in range and every loop ends (see above).
-    let module = unsafe { trusted_module(ctx, label, source) };
-    MATVEC_WORKGROUP_SIZES
-        .iter()
-        .map(|&n| pipeline_of(ctx, label, &module, "main", &[("WORKGROUP", n as f64)]))
-        .collect()
+    unsafe { trusted_module(ctx, label, source) }
 }
 
 /// A matmul pipeline, compiled without wgpu's runtime checks (clamped indices): prefill spends
@@ -682,17 +734,8 @@ impl Kernels {
                 .collect::<Vec<_>>()
         };
         let matvec_per_type = |name: &str, header: &str, reduction: &str| {
-            MATVEC_TYPES
-                .iter()
-                .map(|&(ty, block)| {
-                    let skeleton = format!("{MATVEC}\n{reduction}");
-                    let label = format!("{name}_{ty}");
-                    (
-                        ty,
-                        matvec_pipelines(ctx, &label, &source(header, block, &skeleton)),
-                    )
-                })
-                .collect::<Vec<_>>()
+            let skeleton = format!("{MATVEC}\n{reduction}");
+            MatvecShaders::new(ctx, name, |block| source(header, block, &skeleton))
         };
         let matvec = matvec_per_type("matvec", "", MATVEC_WORKGROUP);
         let matvec_subgroup = subgroups
@@ -866,15 +909,9 @@ impl Kernels {
         // Workgroups of the first part, the largest: parts are dispatched one after another.
         let workgroups = m.parts()[0].rows.div_ceil(MATVEC_ROWS_PER_THREAD);
         let size = matvec_size_index(m.slices(), workgroups);
-        let pipelines = match &self.matvec_subgroup {
-            Some(subgroup) => &subgroup[..],
-            None => &self.matvec[..],
-        };
-        let pipeline = &pipelines
-            .iter()
-            .find(|(t, _)| *t == m.ty())
-            .ok_or(GpuError::UnsupportedType(m.ty()))?
-            .1[size];
+        let shaders = self.matvec_subgroup.as_ref().unwrap_or(&self.matvec);
+        let (norm, silu) = (extras.norm.is_some(), extras.silu_up.is_some());
+        let pipeline = &shaders.pipeline(ctx, m.ty(), size, norm, silu)?;
         for part in m.parts() {
             let params = MatvecParams {
                 layout: m.layout(part),
@@ -883,11 +920,9 @@ impl Kernels {
                 first_row: u32_arg("first row", at.offset + part.first_row)?,
                 accumulate: extras.accumulate as u32,
                 bias: extras.bias.is_some() as u32,
-                norm: extras.norm.is_some() as u32,
                 eps: extras.norm.map_or(0.0, |(_, eps)| eps),
-                silu: extras.silu_up.is_some() as u32,
                 up_offset: u32_arg("up offset", extras.silu_up.map_or(0, |(_, o)| o / 4))?,
-                pad: [0; 3],
+                pad: [0; 5],
             };
             let groups = u32_arg(
                 "matvec workgroups",

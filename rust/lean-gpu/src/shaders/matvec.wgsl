@@ -10,12 +10,14 @@
 // (A thread reading a whole unit's quants in one 16-byte load, 8 vec4 of x, was 2x slower on an
 // H200 for Q4_0 and Q8_0: 580 vs 1016 GB/s on 11008 x 2048.)
 //
-// Fused in for decode, where each separate dispatch would cost a launch and a drain:
-// - `norm`: x is RMS-normalized (LlamaRMSNorm, the weight applied to x). The threads sum x²
+// Fused in for decode, where each separate dispatch would cost a launch and a drain (NORM and
+// SILU are pipeline constants: a branch on a uniform between a thread's loads would keep the
+// compiler from issuing the loads of its slices together):
+// - NORM: x is RMS-normalized (LlamaRMSNorm, the weight applied to x). The threads sum x²
 //   of their slices with the dots and reduce it with them, and the row's dot is scaled by
 //   1 / sqrt(mean(x²) + eps) at the end: no extra pass over x, no extra wait. (Scaling the dot
 //   instead of each x rounds differently, within the order-of-summation noise of any dot.)
-// - `silu`: x is the gate and the activations are silu(gate) * up, as silu_mul.wgsl computes
+// - SILU: x is the gate and the activations are silu(gate) * up, as silu_mul.wgsl computes
 //   them (the same values).
 // - `bias` and `accumulate`: y = (W·x + bias) or y += W·x, as separate adds would round.
 
@@ -26,13 +28,13 @@ struct Params {
     first_row: u32, // index in y of the part's first row
     accumulate: u32, // 1: y += W·x (a residual add fused in); 0: y = W·x
     bias: u32,       // 1: plus bias[row] (before an accumulate)
-    norm: u32,       // 1: x is RMS-normalized, by norm_weight and eps
-    eps: f32,
-    silu: u32,       // 1: the activations are silu(x) * up (x: the gate)
-    up_offset: u32,  // vec4s: where up starts in its binding
+    eps: f32,        // of the norm (NORM)
+    up_offset: u32,  // vec4s: where up starts in its binding (SILU)
     _pad0: u32,
     _pad1: u32,
     _pad2: u32,
+    _pad3: u32,
+    _pad4: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -47,6 +49,10 @@ struct Params {
 @group(0) @binding(6) var<storage, read> up: array<vec4<f32>>;
 
 override WORKGROUP: u32 = 256u;
+// x is RMS-normalized, by norm_weight and p.eps.
+override NORM: bool = false;
+// The activations are silu(x) * up (x: the gate).
+override SILU: bool = false;
 const ROWS_PER_THREAD: u32 = 2u;
 
 // g * sigmoid(g) as torch computes it (silu_mul.wgsl).
@@ -59,12 +65,12 @@ fn silu(g: vec4<f32>) -> vec4<f32> {
 fn add_slice(acc: vec4<f32>, r0: u32, r1: u32, s: u32) -> vec4<f32> {
     var xs = slice_x(s);
     var squares = 0.0;
-    if (p.norm != 0u) {
+    if (NORM) {
         squares = dot_acc(dot_acc(0.0, xs[0], xs[0]), xs[1], xs[1]);
         xs[0] = norm_weight[2u * s] * xs[0];
         xs[1] = norm_weight[2u * s + 1u] * xs[1];
     }
-    if (p.silu != 0u) {
+    if (SILU) {
         xs[0] = silu(xs[0]) * up[p.up_offset + 2u * s];
         xs[1] = silu(xs[1]) * up[p.up_offset + 2u * s + 1u];
     }
@@ -94,7 +100,7 @@ fn partial_dots(group: u32, lid: u32) -> vec4<f32> {
 // Writes the dots of the workgroup `group` with its rows (the sums of its threads' partials).
 fn store_rows(group: u32, sums: vec4<f32>) {
     var scale = 1.0;
-    if (p.norm != 0u) {
+    if (NORM) {
         // inverseSqrt() is allowed 2 ulp of error; a true division keeps HF's rounding.
         scale = 1.0 / sqrt(sums.z / f32(p.cols) + p.eps);
     }
@@ -102,7 +108,7 @@ fn store_rows(group: u32, sums: vec4<f32>) {
         let r = group * ROWS_PER_THREAD + i;
         if (r < p.rows) {
             var v = sums[i];
-            if (p.norm != 0u) {
+            if (NORM) {
                 v = v * scale;
             }
             if (p.bias != 0u) {
