@@ -262,7 +262,9 @@ struct SiluMulParams {
     /// (row width, offset) of gate and up.
     gate: [u32; 2],
     up: [u32; 2],
-    pad: [u32; 2],
+    /// Elements between a field's consecutive elements.
+    pitch: u32,
+    pad: u32,
 }
 
 #[repr(C)]
@@ -300,6 +302,10 @@ pub struct MatvecExtras<'a> {
     /// x is a gate and the activations silu(x) · up, up starting at the given element (a
     /// multiple of 4) of its buffer, which holds 8 × `GpuMatrix::slices()` f32 from there.
     pub silu_up: Option<(&'a wgpu::Buffer, usize)>,
+    /// The rows are (gate, up) pairs, [gate_0, up_0, gate_1, ...] (a stacked gate|up matrix
+    /// with its rows interleaved, stack.rs): y[pair] = silu(gate) · up, so y's field is half
+    /// as wide as the matrix has rows. No bias or accumulate with it.
+    pub swiglu: bool,
     /// Plus bias[row].
     pub bias: Option<&'a wgpu::Buffer>,
     /// y += (a residual add), after the bias.
@@ -465,9 +471,9 @@ struct MatvecShaders {
     pipelines: std::sync::Mutex<MatvecPipelines>,
 }
 
-/// A matvec pipeline: (type, index in MATVEC_WORKGROUP_SIZES, norm, silu).
-type MatvecPipelines =
-    std::collections::HashMap<(TensorType, usize, bool, bool), wgpu::ComputePipeline>;
+/// A matvec pipeline: (type, index in MATVEC_WORKGROUP_SIZES, fusions: matvec.wgsl's NORM,
+/// SILU and SWIGLU as bits 0, 1, 2).
+type MatvecPipelines = std::collections::HashMap<(TensorType, usize, u8), wgpu::ComputePipeline>;
 
 impl MatvecShaders {
     fn new(ctx: &GpuContext, name: &str, source: impl Fn(&str) -> String) -> Self {
@@ -485,18 +491,17 @@ impl MatvecShaders {
         }
     }
 
-    /// The pipeline of `ty` with workgroup size MATVEC_WORKGROUP_SIZES[size] that fuses in
-    /// the RMS norm of x (`norm`) or silu · up (`silu`).
+    /// The pipeline of `ty` with workgroup size MATVEC_WORKGROUP_SIZES[size] and `fusions`
+    /// (bits: NORM 1, SILU 2, SWIGLU 4).
     fn pipeline(
         &self,
         ctx: &GpuContext,
         ty: TensorType,
         size: usize,
-        norm: bool,
-        silu: bool,
+        fusions: u8,
     ) -> Result<wgpu::ComputePipeline> {
         let mut pipelines = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(p) = pipelines.get(&(ty, size, norm, silu)) {
+        if let Some(p) = pipelines.get(&(ty, size, fusions)) {
             return Ok(p.clone());
         }
         let (_, module) = self
@@ -506,12 +511,13 @@ impl MatvecShaders {
             .ok_or(GpuError::UnsupportedType(ty))?;
         let constants = [
             ("WORKGROUP", MATVEC_WORKGROUP_SIZES[size] as f64),
-            ("NORM", norm as u8 as f64),
-            ("SILU", silu as u8 as f64),
+            ("NORM", (fusions & 1) as f64),
+            ("SILU", ((fusions >> 1) & 1) as f64),
+            ("SWIGLU", ((fusions >> 2) & 1) as f64),
         ];
         let label = format!("matvec_{ty}");
         let pipeline = pipeline_of(ctx, &label, module, "main", &constants);
-        pipelines.insert((ty, size, norm, silu), pipeline.clone());
+        pipelines.insert((ty, size, fusions), pipeline.clone());
         Ok(pipeline)
     }
 }
@@ -889,7 +895,21 @@ impl Kernels {
         extras: MatvecExtras,
     ) -> Result<()> {
         check_len("matvec x", x, m.cols())?;
-        let y_end = at.end("matvec y", 1, m.rows())?;
+        if extras.swiglu {
+            let odd = m.rows() % 2 == 1 || m.parts().iter().any(|p| p.first_row % 2 == 1);
+            if odd || extras.bias.is_some() || extras.accumulate || extras.silu_up.is_some() {
+                return Err(GpuError::Shape(format!(
+                    "matvec: SwiGLU needs whole (gate, up) row pairs in every part and no bias, accumulate or silu · up ({} rows)",
+                    m.rows()
+                )));
+            }
+        }
+        let y_rows = if extras.swiglu {
+            m.rows() / 2
+        } else {
+            m.rows()
+        };
+        let y_end = at.end("matvec y", 1, y_rows)?;
         check_len("matvec y", y, y_end)?;
         if let Some(b) = extras.bias {
             check_len("matvec bias", b, y_end)?;
@@ -910,8 +930,10 @@ impl Kernels {
         let workgroups = m.parts()[0].rows.div_ceil(MATVEC_ROWS_PER_THREAD);
         let size = matvec_size_index(m.slices(), workgroups);
         let shaders = self.matvec_subgroup.as_ref().unwrap_or(&self.matvec);
-        let (norm, silu) = (extras.norm.is_some(), extras.silu_up.is_some());
-        let pipeline = &shaders.pipeline(ctx, m.ty(), size, norm, silu)?;
+        let fusions = extras.norm.is_some() as u8
+            | (extras.silu_up.is_some() as u8) << 1
+            | (extras.swiglu as u8) << 2;
+        let pipeline = &shaders.pipeline(ctx, m.ty(), size, fusions)?;
         for part in m.parts() {
             let params = MatvecParams {
                 layout: m.layout(part),
@@ -933,6 +955,8 @@ impl Kernels {
                 if extras.norm.is_some() { "+norm" } else { "" },
                 if extras.silu_up.is_some() {
                     "+silu"
+                } else if extras.swiglu {
+                    "+swiglu"
                 } else {
                     ""
                 },
@@ -1366,13 +1390,54 @@ impl Kernels {
             gate.end("silu_mul gate", n_rows, n)?,
         )?;
         check_len("silu_mul up", gate_up, up.end("silu_mul up", n_rows, n)?)?;
+        self.silu_mul_pitched(ctx, plan, gate_up, (gate, up, 1), out, n, n_rows)
+    }
+
+    /// out = silu(gate) · up element-wise, for `n_rows` rows of `gate_up` of `2 n` elements
+    /// [gate_0, up_0, gate_1, up_1, ...] (a matmul of a stacked gate|up matrix whose rows are
+    /// interleaved, stack.rs); out is n_rows × n.
+    pub fn silu_mul_pairs(
+        &self,
+        ctx: &GpuContext,
+        plan: &mut Plan,
+        gate_up: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+        n: usize,
+        n_rows: usize,
+    ) -> Result<()> {
+        let rows = RowField::whole(2 * n);
+        check_len(
+            "silu_mul gate|up",
+            gate_up,
+            rows.end("silu_mul", n_rows, 2 * n)?,
+        )?;
+        let up = RowField {
+            width: 2 * n,
+            offset: 1,
+        };
+        self.silu_mul_pitched(ctx, plan, gate_up, (rows, up, 2), out, n, n_rows)
+    }
+
+    /// silu_mul.wgsl with fields whose elements are `pitch` apart (the caller checked them).
+    #[allow(clippy::too_many_arguments)]
+    fn silu_mul_pitched(
+        &self,
+        ctx: &GpuContext,
+        plan: &mut Plan,
+        gate_up: &wgpu::Buffer,
+        (gate, up, pitch): (RowField, RowField, u32),
+        out: &wgpu::Buffer,
+        n: usize,
+        n_rows: usize,
+    ) -> Result<()> {
         check_len("silu_mul out", out, n * n_rows)?;
         let params = SiluMulParams {
             n: u32_arg("n", n)?,
             n_rows: u32_arg("rows", n_rows)?,
             gate: gate.params()?,
             up: up.params()?,
-            pad: [0; 2],
+            pitch,
+            pad: 0,
         };
         let groups = u32_arg("silu_mul elements", n * n_rows)?.div_ceil(ELEMENTWISE_GROUP);
         Self::dispatch(

@@ -9,9 +9,9 @@
 //! A layer's dispatches when decoding one token: one matvec of the stacked q|k|v matrix with
 //! the attention RMS norm and the bias fused in, writing the row [q | k | v]; rope_kv_store;
 //! attention and its combine; the output projection with the residual add fused in; one matvec
-//! of the stacked gate|up matrix with the FFN norm fused in; the down projection reading
-//! silu(gate) · up and adding the residual — 7. Prefill runs the norms, bias add and silu_mul
-//! as their own dispatches around matmuls. Where the members of a stack differ in type (Q4_K_M
+//! of the stacked gate|up matrix (rows interleaved, stack.rs) with the FFN norm fused in,
+//! writing silu(gate) · up; the down projection adding the residual — 7. Prefill runs the
+//! norms, bias add and silu_mul as their own dispatches around matmuls. Where the members of a stack differ in type (Q4_K_M
 //! files mix them), each writes its rows at its offset in the same activation row: only the
 //! number of dispatches differs (stack.rs).
 use crate::context::{GpuContext, MapRequest};
@@ -45,6 +45,9 @@ struct Stack {
     width: usize,
     /// A bias for the whole row.
     bias: Option<wgpu::Buffer>,
+    /// gate|up as one matrix of interleaved rows (stack.rs: interleaves): a decode matvec
+    /// writes silu(gate) · up, a prefill matmul [gate_0, up_0, gate_1, ...] rows.
+    pairs: bool,
 }
 
 struct LayerBuffers {
@@ -246,7 +249,10 @@ impl GpuSession {
                     [m] => std::borrow::Cow::Borrowed(model.data(m)),
                     _ => {
                         let parts: Vec<&[u8]> = members.iter().map(|m| model.data(m)).collect();
-                        std::borrow::Cow::Owned(stack::stacked_bytes(&parts))
+                        let names: Vec<&str> = members.iter().map(|m| &m.name[..]).collect();
+                        let interleave =
+                            stack::interleaves(&names).then(|| parts[0].len() / first.rows.max(1));
+                        std::borrow::Cow::Owned(stack::stacked_bytes(&parts, interleave))
                     }
                 };
                 GpuMatrix::upload_split(&device, first.ty, rows, first.cols, &data, limit).map_err(
@@ -406,10 +412,15 @@ impl GpuSession {
             let offset = members[..run.start].iter().map(|m| m.rows).sum();
             matrices.push((offset, matrix(&members[run])?));
         }
+        let names: Vec<&str> = members.iter().map(|m| &m.name[..]).collect();
+        let pairs = matrices.len() == 1
+            && stack::interleaves(&names)
+            && members.iter().all(|m| m.rows == members[0].rows);
         Ok(Stack {
             matrices,
             width: members.iter().map(|m| m.rows).sum(),
             bias,
+            pairs,
         })
     }
 
@@ -541,13 +552,35 @@ impl GpuSession {
                 attention,
             )?;
             self.linear(&mut p, &l.wo, &a.attn, &a.x, n, true)?;
+            if n == 1 && l.gate_up.pairs {
+                // silu(gate) · up straight out of the gate|up matvec
+                let extras = MatvecExtras {
+                    norm: Some((&l.ffn_norm, eps)),
+                    swiglu: true,
+                    ..Default::default()
+                };
+                let gate_up = &l.gate_up.matrices[0].1;
+                k.matvec_with(
+                    ctx,
+                    &mut p,
+                    gate_up,
+                    &a.x,
+                    (&a.act, RowField::whole(ff)),
+                    extras,
+                )?;
+                self.linear(&mut p, &l.w_down, &a.act, &a.x, 1, true)?;
+                continue;
+            }
             if n == 1 {
                 self.project(&mut p, &l.gate_up, &a.x, Some(&l.ffn_norm), &a.gate_up, 1)?;
             } else {
                 k.rms_norm(ctx, &mut p, &a.x, &l.ffn_norm, &a.h, e, n, eps)?;
                 self.project(&mut p, &l.gate_up, &a.h, None, &a.gate_up, n)?;
             }
-            if n == 1 && ff.is_multiple_of(4) {
+            if l.gate_up.pairs {
+                k.silu_mul_pairs(ctx, &mut p, &a.gate_up, &a.act, ff, n)?;
+                self.linear(&mut p, &l.w_down, &a.act, &a.x, n, true)?;
+            } else if n == 1 && ff.is_multiple_of(4) {
                 // silu(gate) · up read straight from [gate | up]
                 let extras = MatvecExtras {
                     silu_up: Some((&a.gate_up, ff)),

@@ -29,10 +29,30 @@ pub(crate) fn runs(members: &[(TensorType, usize)]) -> Vec<Range<usize>> {
     runs
 }
 
+/// Whether a stack of the tensors `names` (a whole run, stacking order) goes to the device with
+/// its rows interleaved: gate|up as [gate_0, up_0, gate_1, up_1, ...], so that the two rows a
+/// decode matvec workgroup owns are a gate row and its up row and it writes silu(gate) · up
+/// itself (SwiGLU fused in: the down projection reads the activation, not [gate | up]).
+pub(crate) fn interleaves(names: &[&str]) -> bool {
+    matches!(names, [gate, up] if gate.ends_with(".ffn_gate.weight") && up.ends_with(".ffn_up.weight"))
+}
+
 /// The bytes of matrices stacked by rows: a 2-D tensor's data is row-major, so the members'
-/// bytes one after another are the stacked matrix's.
-pub(crate) fn stacked_bytes(members: &[&[u8]]) -> Vec<u8> {
-    members.concat()
+/// bytes one after another are the stacked matrix's; with `interleave`, members of equal size
+/// alternate row by row instead, `interleave` bytes a row (see `interleaves`).
+pub(crate) fn stacked_bytes(members: &[&[u8]], interleave: Option<usize>) -> Vec<u8> {
+    match interleave {
+        Some(row_bytes) if row_bytes > 0 && members.iter().all(|m| m.len() == members[0].len()) => {
+            let mut out = Vec::with_capacity(members.len() * members[0].len());
+            for i in 0..members[0].len() / row_bytes {
+                for m in members {
+                    out.extend_from_slice(&m[i * row_bytes..(i + 1) * row_bytes]);
+                }
+            }
+            out
+        }
+        _ => members.concat(),
+    }
 }
 
 /// The layer and stack of a tensor name of a stack member: ("blk.3.attn_k.weight") → (3,
@@ -63,6 +83,32 @@ mod tests {
         assert_eq!(member_of("blk.3.attn_q.bias"), None);
         assert_eq!(member_of("blk.x.attn_q.weight"), None);
         assert_eq!(member_of("token_embd.weight"), None);
+    }
+
+    #[test]
+    fn gate_and_up_rows_interleave() {
+        assert!(interleaves(&[
+            "blk.0.ffn_gate.weight",
+            "blk.0.ffn_up.weight"
+        ]));
+        assert!(!interleaves(&[
+            "blk.0.ffn_up.weight",
+            "blk.0.ffn_gate.weight"
+        ]));
+        assert!(!interleaves(&[
+            "blk.0.attn_q.weight",
+            "blk.0.attn_k.weight"
+        ]));
+        let (gate, up) = ([1u8, 2, 3, 4, 5, 6], [7u8, 8, 9, 10, 11, 12]);
+        let both = [&gate[..], &up[..]];
+        assert_eq!(
+            stacked_bytes(&both, Some(2)),
+            [1, 2, 7, 8, 3, 4, 9, 10, 5, 6, 11, 12]
+        );
+        assert_eq!(
+            stacked_bytes(&both, None),
+            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+        );
     }
 
     #[test]

@@ -242,6 +242,9 @@ impl StreamedModel {
                     let members: Vec<&Tensor> =
                         stack.members.iter().map(|&i| &layout.tensors[i]).collect();
                     let parts: Vec<&[u8]> = held.iter().map(Vec::as_slice).collect();
+                    let names: Vec<&str> = members.iter().map(|m| &m.name[..]).collect();
+                    let interleave =
+                        stack::interleaves(&names).then(|| parts[0].len() / rows.max(1));
                     (
                         members.iter().map(|m| m.offset).collect(),
                         members
@@ -249,7 +252,7 @@ impl StreamedModel {
                             .filter_map(|m| m.matrix)
                             .map(|(_, rows, _)| rows)
                             .sum(),
-                        stack::stacked_bytes(&parts),
+                        stack::stacked_bytes(&parts, interleave),
                     )
                 }
             };

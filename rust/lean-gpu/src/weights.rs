@@ -222,8 +222,12 @@ impl GpuMatrix {
         // Offsets in the shaders are u32 (bytes, for the types kept as in the file).
         let limit = max_part_bytes.min(u32::MAX as u64) as usize;
         // The most rows whose part, padded by up to 15 bytes, fits the limit.
-        let rows_per_part =
+        let mut rows_per_part =
             (limit.saturating_sub(15) / device_row_bytes(ty, cols, row_bytes)).min(rows);
+        // Parts of whole row pairs where they can be (a SwiGLU matvec needs them).
+        if rows_per_part > 1 && rows_per_part < rows {
+            rows_per_part &= !1;
+        }
         if rows_per_part == 0 {
             return Err(GpuError::TooLarge(format!("one {ty} row of {row_bytes} bytes exceeds the binding limit of {max_part_bytes} bytes")));
         }

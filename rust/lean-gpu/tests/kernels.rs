@@ -122,6 +122,11 @@ fn gpu_with_subgroup_kernels() -> Option<&'static (GpuContext, Kernels, Option<K
     .as_ref()
 }
 
+/// The kernels whose matvec reduces with subgroups, where the device has them.
+fn subgroup_kernels() -> Option<&'static Kernels> {
+    gpu_with_subgroup_kernels().and_then(|(_, _, subgroup)| subgroup.as_ref())
+}
+
 /// Records the commands of `f` into a plan and submits it.
 fn submit(ctx: &GpuContext, f: impl FnOnce(&mut Plan) -> lean_gpu::Result<()>) {
     let mut plan = Plan::new();
@@ -423,7 +428,8 @@ fn matvec_bias_fuses_the_bias_add() {
     for (ty, rows, cols) in [(TensorType::Q4_0, 45, 96), (TensorType::Q8_0, 130, 64)] {
         let w = random_matrix(&mut rng, ty, rows, cols);
         let part_rows = 20;
-        let part = (ty.row_bytes(cols).unwrap() * part_rows) as u64;
+        // room for the padding to 16 bytes
+        let part = (ty.row_bytes(cols).unwrap() * part_rows) as u64 + 16;
         let m = GpuMatrix::upload_split(ctx, ty, rows, cols, &w, part).unwrap();
         assert_eq!(m.parts().len(), rows.div_ceil(part_rows));
         let x = ctx.upload_f32("x", &rng.floats(cols, 1.0));
@@ -667,6 +673,76 @@ fn matvec_fuses_silu_mul() {
             read_f32(ctx, &plain, rows),
             "{ty} {rows}x{cols}"
         );
+    }
+}
+
+/// A matvec of interleaved (gate, up) rows writing silu(gate) · up (SWIGLU, with the norm fused
+/// too) equals the plain matvec then silu_mul_pairs, bit for bit, with parts of whole pairs
+/// (the upload rounds a part's rows down to even) and both reductions; odd rows are refused.
+#[test]
+fn matvec_fuses_swiglu() {
+    let Some((ctx, default)) = gpu() else { return };
+    let mut rng = Rng(197);
+    let mut variants = vec![default];
+    variants.extend(subgroup_kernels());
+    for kernels in variants {
+        for (ty, pairs, cols, part_rows) in [
+            (TensorType::Q4_0, 23, 96, 9),
+            (TensorType::Q8_0, 40, 64, 80),
+            (TensorType::F32, 5, 70, 3),
+        ] {
+            let rows = 2 * pairs;
+            let w = random_matrix(&mut rng, ty, rows, cols);
+            let part = (ty.row_bytes(cols).unwrap() * part_rows) as u64 + 16;
+            let m = GpuMatrix::upload_split(ctx, ty, rows, cols, &w, part).unwrap();
+            assert!(
+                m.parts().iter().all(|p| p.rows % 2 == 0),
+                "{ty}: parts of pairs"
+            );
+            let x = ctx.upload_f32("x", &rng.floats(cols, 2.0));
+            let mut weights = rng.floats(cols.next_multiple_of(32), 1.0);
+            weights[cols..].fill(0.0);
+            let norm = ctx.upload_f32("norm", &weights);
+            let (y, plain, fused) = (
+                ctx.storage_f32("y", rows),
+                ctx.storage_f32("plain", pairs),
+                ctx.storage_f32("fused", pairs),
+            );
+            submit(ctx, |p| {
+                let extras = MatvecExtras {
+                    norm: Some((&norm, 1e-6)),
+                    ..Default::default()
+                };
+                kernels.matvec_with(ctx, p, &m, &x, (&y, RowField::whole(rows)), extras)?;
+                kernels.silu_mul_pairs(ctx, p, &y, &plain, pairs, 1)?;
+                let extras = MatvecExtras {
+                    swiglu: true,
+                    ..extras
+                };
+                kernels.matvec_with(ctx, p, &m, &x, (&fused, RowField::whole(pairs)), extras)
+            });
+            assert_eq!(
+                read_f32(ctx, &fused, pairs),
+                read_f32(ctx, &plain, pairs),
+                "{ty} {rows}x{cols}"
+            );
+        }
+        let w = random_matrix(&mut rng, TensorType::Q4_0, 3, 32);
+        let m = GpuMatrix::upload(ctx, TensorType::Q4_0, 3, 32, &w).unwrap();
+        let (x, y) = (ctx.storage_f32("x", 32), ctx.storage_f32("y", 3));
+        let extras = MatvecExtras {
+            swiglu: true,
+            ..Default::default()
+        };
+        let odd = kernels.matvec_with(
+            ctx,
+            &mut Plan::new(),
+            &m,
+            &x,
+            (&y, RowField::whole(1)),
+            extras,
+        );
+        assert!(matches!(odd, Err(GpuError::Shape(_))), "odd rows: {odd:?}");
     }
 }
 

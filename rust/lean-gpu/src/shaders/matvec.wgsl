@@ -19,6 +19,10 @@
 //   instead of each x rounds differently, within the order-of-summation noise of any dot.)
 // - SILU: x is the gate and the activations are silu(gate) * up, as silu_mul.wgsl computes
 //   them (the same values).
+// - SWIGLU: the rows are [gate_0, up_0, gate_1, up_1, ...] (a stacked gate|up matrix with its
+//   rows interleaved at upload, stack.rs) and each workgroup's pair (2 rows a workgroup) writes
+//   y[pair] = silu(gate) * up, as silu_mul.wgsl computes it: the FFN's activation straight out
+//   of the matvec, no [gate | up] row in between.
 // - `bias` and `accumulate`: y = (W·x + bias) or y += W·x, as separate adds would round.
 
 struct Params {
@@ -53,6 +57,8 @@ override WORKGROUP: u32 = 256u;
 override NORM: bool = false;
 // The activations are silu(x) * up (x: the gate).
 override SILU: bool = false;
+// The rows are (gate, up) pairs: y[pair] = silu(gate) * up.
+override SWIGLU: bool = false;
 const ROWS_PER_THREAD: u32 = 2u;
 
 // g * sigmoid(g) as torch computes it (silu_mul.wgsl).
@@ -103,6 +109,17 @@ fn store_rows(group: u32, sums: vec4<f32>) {
     if (NORM) {
         // inverseSqrt() is allowed 2 ulp of error; a true division keeps HF's rounding.
         scale = 1.0 / sqrt(sums.z / f32(p.cols) + p.eps);
+    }
+    if (SWIGLU) {
+        // The part's rows are whole pairs from an even first_row (kernels.rs checks).
+        var g = sums.x;
+        var u = sums.y;
+        if (NORM) {
+            g = g * scale;
+            u = u * scale;
+        }
+        y[p.first_row / 2u + group] = (g * (1.0 / (1.0 + exp(-g)))) * u;
+        return;
     }
     for (var i = 0u; i < ROWS_PER_THREAD; i++) {
         let r = group * ROWS_PER_THREAD + i;

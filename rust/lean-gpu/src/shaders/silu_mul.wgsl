@@ -1,6 +1,7 @@
 // SwiGLU: out = silu(gate) * up with silu(g) = g * (1 / (1 + exp(-g))) as torch computes it,
 // for n_rows rows of n elements; gate and up are fields of the rows of one buffer (each its row
-// width and offset), out is n_rows × n.
+// width and offset; element j at offset + j * pitch: pitch 2 reads [gate_0, up_0, gate_1, ...]
+// rows), out is n_rows × n.
 
 struct Params {
     n: u32,
@@ -9,8 +10,8 @@ struct Params {
     gate_offset: u32,
     up_stride: u32,
     up_offset: u32,
+    pitch: u32,
     _pad0: u32,
-    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -28,7 +29,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     }
     let t = i / p.n;
     let j = i % p.n;
-    let g = gate_up[t * p.gate_stride + p.gate_offset + j];
+    let g = gate_up[t * p.gate_stride + p.gate_offset + j * p.pitch];
     let sigmoid = 1.0 / (1.0 + exp(-g));
-    out[i] = (g * sigmoid) * gate_up[t * p.up_stride + p.up_offset + j];
+    out[i] = (g * sigmoid) * gate_up[t * p.up_stride + p.up_offset + j * p.pitch];
 }
