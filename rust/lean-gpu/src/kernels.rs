@@ -230,6 +230,12 @@ struct AttentionParams {
     stats_offset: u32,
     /// (row width, offset) of q.
     q: [u32; 2],
+    fresh: u32,
+    rope_dim: u32,
+    neox: u32,
+    k_offset: u32,
+    v_offset: u32,
+    pad: [u32; 3],
 }
 
 #[repr(C)]
@@ -282,6 +288,28 @@ pub enum RopePairing {
     Interleaved,
     /// (i, i + rope_dim / 2): qwen2 GGUFs.
     Neox,
+}
+
+/// The step's tokens as the q|k|v projection left them, for an attention that rotates and
+/// caches them itself (`Kernels::attention`): the k and v fields of the rows that hold q, and
+/// the rotary embedding (`fresh_rope_supported`).
+#[derive(Copy, Clone)]
+pub struct FreshTokens<'a> {
+    pub k: RowField,
+    pub v: RowField,
+    pub cos_sin: &'a wgpu::Buffer,
+    pub rope: Rope,
+}
+
+/// Whether `attention` can take the step's tokens unrotated (`FreshTokens`): its quads pair
+/// whole (rope_dim a multiple of 8 for NeoX's halves, of 4 for interleaved pairs); else
+/// rope_kv_store runs first.
+pub fn fresh_rope_supported(rope: &Rope, head_dim: usize) -> bool {
+    let quads = match rope.pairing {
+        RopePairing::Neox => 8,
+        RopePairing::Interleaved => 4,
+    };
+    rope.rope_dim <= head_dim && rope.rope_dim.is_multiple_of(quads)
 }
 
 /// The rotary embedding: the leading `rope_dim` elements of each head rotate, by a table of
@@ -1229,10 +1257,12 @@ impl Kernels {
     }
 
     /// Causal attention of `n_tokens` tokens (queries: n_heads × head_dim per token at field
-    /// `q_at` of `q`, positions from the step's pos0) over the cached keys and values (which
-    /// must already hold them); `out` gets n_tokens × n_heads × head_dim; `partials` is scratch
-    /// of `s.partials_len()` f32. Two dispatches (split-K, then the combine). The caller keeps
-    /// pos0 + n_tokens within capacity.
+    /// `q_at` of `q`, positions from the step's pos0) over the cached keys and values;
+    /// `out` gets n_tokens × n_heads × head_dim; `partials` is scratch of `s.partials_len()`
+    /// f32. Two dispatches (split-K, then the combine). The caller keeps pos0 + n_tokens within
+    /// capacity. Without `fresh` the queries are rotated and the cache holds the step's keys
+    /// and values (rope_kv_store ran); with it they are the projection's fields of the rows of
+    /// `q`, unrotated, and this rotates them and stores the keys and values in the cache.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
@@ -1245,6 +1275,7 @@ impl Kernels {
         partials: &wgpu::Buffer,
         out: &wgpu::Buffer,
         s: AttentionShape,
+        fresh: Option<FreshTokens>,
     ) -> Result<()> {
         if s.n_kv_heads == 0
             || !s.n_heads.is_multiple_of(s.n_kv_heads)
@@ -1282,6 +1313,38 @@ impl Kernels {
         check_len("attention values", values, cache_end)?;
         check_len("attention out", out, s.n_tokens * s.n_heads * s.head_dim)?;
         check_len("attention partials", partials, s.partials_len())?;
+        let kv_dim = s.n_kv_heads * s.head_dim;
+        if let Some(f) = &fresh {
+            if !fresh_rope_supported(&f.rope, s.head_dim)
+                || f.k.width != q_at.width
+                || f.v.width != q_at.width
+                || !f.k.offset.is_multiple_of(4)
+                || !f.v.offset.is_multiple_of(4)
+            {
+                return Err(GpuError::Shape(format!(
+                    "attention of fresh tokens: rope_dim {} ({:?}) for head_dim {}, k and v \
+                     at {} and {} in rows of {} (q's: {})",
+                    f.rope.rope_dim,
+                    f.rope.pairing,
+                    s.head_dim,
+                    f.k.offset,
+                    f.v.offset,
+                    f.k.width,
+                    q_at.width
+                )));
+            }
+            check_len(
+                "attention k",
+                q,
+                f.k.end("attention k", s.n_tokens, kv_dim)?,
+            )?;
+            check_len(
+                "attention v",
+                q,
+                f.v.end("attention v", s.n_tokens, kv_dim)?,
+            )?;
+            check_len("rope table", f.cos_sin, s.capacity * f.rope.rope_dim)?;
+        }
         let (n_splits, split_len) = s.splits();
         let params = AttentionParams {
             n_heads: u32_arg("heads", s.n_heads)?,
@@ -1295,7 +1358,15 @@ impl Kernels {
             split_len: u32_arg("split length", split_len)?,
             stats_offset: u32_arg("stats offset", s.stats_offset())?,
             q: q_at.params()?,
+            fresh: fresh.is_some() as u32,
+            rope_dim: u32_arg("rope_dim", fresh.map_or(0, |f| f.rope.rope_dim))?,
+            neox: fresh.is_some_and(|f| f.rope.pairing == RopePairing::Neox) as u32,
+            k_offset: u32_arg("k offset", fresh.map_or(0, |f| f.k.offset))?,
+            v_offset: u32_arg("v offset", fresh.map_or(0, |f| f.v.offset))?,
+            pad: [0; 3],
         };
+        // Without fresh tokens the table is never read: q stands in.
+        let cos_sin = fresh.map_or(q, |f| f.cos_sin);
         let groups = u32_arg("attention workgroups", s.n_tokens * s.n_heads * n_splits)?;
         Self::dispatch(
             ctx,
@@ -1303,7 +1374,7 @@ impl Kernels {
             "attention".into(),
             &self.attention,
             &params,
-            &[step.buffer(), q, keys, values, partials],
+            &[step.buffer(), q, keys, values, partials, cos_sin],
             groups,
         )?;
         let combine = CombineParams {

@@ -7,17 +7,19 @@
 //! logits. The decode plan (one token) is recorded once; prefill plans per chunk size.
 //!
 //! A layer's dispatches when decoding one token: one matvec of the stacked q|k|v matrix with
-//! the attention RMS norm and the bias fused in, writing the row [q | k | v]; rope_kv_store;
-//! attention and its combine; the output projection with the residual add fused in; one matvec
+//! the attention RMS norm and the bias fused in, writing the row [q | k | v]; attention (which
+//! rotates q and k and stores k and v in the cache itself; rope_kv_store first where the
+//! rotation's pairs do not fall in whole quads) and its combine; the output projection with the residual add fused in; one matvec
 //! of the stacked gate|up matrix (rows interleaved, stack.rs) with the FFN norm fused in,
-//! writing silu(gate) · up; the down projection adding the residual — 7. Prefill runs the
+//! writing silu(gate) · up; the down projection adding the residual — 6. Prefill runs the
 //! norms, bias add and silu_mul as their own dispatches around matmuls. Where the members of a stack differ in type (Q4_K_M
 //! files mix them), each writes its rows at its offset in the same activation row: only the
 //! number of dispatches differs (stack.rs).
 use crate::context::{GpuContext, MapRequest};
 use crate::error::{GpuError, Result};
 use crate::kernels::{
-    AttentionShape, Kernels, MatvecExtras, Rope, RopePairing, RowField, StepBuffer,
+    fresh_rope_supported, AttentionShape, FreshTokens, Kernels, MatvecExtras, Rope, RopePairing,
+    RowField, StepBuffer,
 };
 use crate::plan::Plan;
 use crate::profile::Profiler;
@@ -530,16 +532,25 @@ impl GpuSession {
                 k.rms_norm(ctx, &mut p, &a.x, &l.attn_norm, &a.h, e, n, eps)?;
                 self.project(&mut p, &l.qkv, &a.h, None, &a.qkv, n)?;
             }
-            k.rope_kv_store(
-                ctx,
-                &mut p,
-                &self.step,
-                &a.qkv,
-                qkv_fields,
-                (&l.keys, &l.values),
-                (&self.rope_table, rope),
-                attention,
-            )?;
+            // The attention rotates and caches the step's keys itself where it can.
+            let fresh = fresh_rope_supported(&rope, hd).then_some(FreshTokens {
+                k: qkv_fields[1],
+                v: qkv_fields[2],
+                cos_sin: &self.rope_table,
+                rope,
+            });
+            if fresh.is_none() {
+                k.rope_kv_store(
+                    ctx,
+                    &mut p,
+                    &self.step,
+                    &a.qkv,
+                    qkv_fields,
+                    (&l.keys, &l.values),
+                    (&self.rope_table, rope),
+                    attention,
+                )?;
+            }
             k.attention(
                 ctx,
                 &mut p,
@@ -550,6 +561,7 @@ impl GpuSession {
                 &a.partials,
                 &a.attn,
                 attention,
+                fresh,
             )?;
             self.linear(&mut p, &l.wo, &a.attn, &a.x, n, true)?;
             if n == 1 && l.gate_up.pairs {

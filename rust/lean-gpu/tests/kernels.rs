@@ -9,8 +9,8 @@
 use half::f16;
 use lean_gpu::wgpu;
 use lean_gpu::{
-    argmax_len, rope_cos_sin, AttentionShape, GpuContext, GpuError, GpuMatrix, Kernels,
-    MatvecExtras, Plan, Rope, RopePairing, RowField, StepBuffer,
+    argmax_len, fresh_rope_supported, rope_cos_sin, AttentionShape, FreshTokens, GpuContext,
+    GpuError, GpuMatrix, Kernels, MatvecExtras, Plan, Rope, RopePairing, RowField, StepBuffer,
 };
 use lean_quant::{scalar, TensorType};
 use std::sync::OnceLock;
@@ -976,6 +976,95 @@ fn rope_kv_store_matches_cpu_for_both_pairings() {
     }
 }
 
+/// Attention of fresh tokens (unrotated in the qkv rows: it rotates q and k and stores k and v
+/// itself) equals rope_kv_store then attention (bit for bit on lavapipe; to an ulp of the
+/// rotation where the compilers contract differently): the outputs and the whole cache,
+/// for both pairings, partial rotation, decode and prefill chunks (new keys read back within
+/// the chunk), GQA groups, several splits, and both qkv row layouts.
+#[test]
+fn attention_rotates_and_caches_fresh_tokens() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut rng = Rng(95);
+    for pairing in [RopePairing::Interleaved, RopePairing::Neox] {
+        for (n_heads, n_kv_heads, head_dim, rope_dim, n_tokens, pos0, capacity, layout) in [
+            (2, 2, 64, 64, 1, 0, 8, 0),
+            (6, 2, 64, 64, 5, 32, 40, 1),
+            (4, 1, 48, 32, 1, 299, 301, 0),
+            (4, 2, 128, 128, 70, 3, 80, 0),
+            (2, 1, 64, 56, 3, 700, 800, 1),
+        ] {
+            let rope = Rope {
+                rope_dim,
+                positions: capacity,
+                pairing,
+            };
+            assert!(fresh_rope_supported(&rope, head_dim));
+            let kv_dim = n_kv_heads * head_dim;
+            let s = AttentionShape {
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                n_tokens,
+                capacity,
+                cache_offset: kv_dim * capacity,
+            };
+            let q = rng.floats(n_tokens * n_heads * head_dim, 1.0);
+            let k_new = rng.floats(n_tokens * kv_dim, 1.0);
+            let v_new = rng.floats(n_tokens * kv_dim, 1.0);
+            let (width, fields) = qkv_layouts(n_heads * head_dim, kv_dim)[layout];
+            let fill = rng.floats(n_tokens * width, 1.0);
+            let rows = qkv_rows((&q, &k_new, &v_new), n_tokens, width, fields, &fill);
+            let keys = rng.floats(2 * kv_dim * capacity, 1.0);
+            let values = rng.floats(2 * kv_dim * capacity, 1.0);
+            let table = rope_cos_sin(rope_dim, 10000.0, 1.0, capacity);
+            let tb = ctx.upload_f32("cos_sin", table.as_flattened());
+            let step = StepBuffer::new(ctx);
+            step.set(ctx, pos0).unwrap();
+            let run = |fresh: bool| {
+                let qkv = ctx.upload_f32("qkv", &rows);
+                let (kb, vb) = (ctx.upload_f32("k", &keys), ctx.upload_f32("v", &values));
+                let ob = ctx.storage_f32("out", n_tokens * n_heads * head_dim);
+                let partials = ctx.storage_f32("partials", s.partials_len());
+                submit(ctx, |p| {
+                    let tokens = FreshTokens {
+                        k: fields[1],
+                        v: fields[2],
+                        cos_sin: &tb,
+                        rope,
+                    };
+                    if !fresh {
+                        let table = (&tb, rope);
+                        kernels.rope_kv_store(ctx, p, &step, &qkv, fields, (&kb, &vb), table, s)?;
+                    }
+                    let q = (&qkv, fields[0]);
+                    let fresh = fresh.then_some(tokens);
+                    kernels.attention(ctx, p, &step, q, &kb, &vb, &partials, &ob, s, fresh)
+                });
+                [
+                    read_f32(ctx, &ob, n_tokens * n_heads * head_dim),
+                    read_f32(ctx, &kb, keys.len()),
+                    read_f32(ctx, &vb, values.len()),
+                ]
+            };
+            let (want, got) = (run(false), run(true));
+            // Values are copies; rotations may round apart where a compiler contracts one
+            // shader's x * cos + y * sin into a fused multiply-add and not the other's (NVIDIA
+            // does), by about an ulp of the products, which the outputs carry.
+            for (i, (what, tolerance)) in [("outputs", 1e-5), ("keys", 4e-6), ("values", 0.0)]
+                .into_iter()
+                .enumerate()
+            {
+                for (j, (&g, &w)) in got[i].iter().zip(&want[i]).enumerate() {
+                    assert!(
+                        (g - w).abs() <= tolerance,
+                        "{what}[{j}]: {g} vs {w}: {pairing:?} heads {n_heads}/{n_kv_heads} head_dim {head_dim} rope_dim {rope_dim} tokens {n_tokens} at {pos0}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Causal attention of `n_tokens` new tokens at positions pos0.. (keys/values already in the
 /// cache, second layer of two) against an f64 softmax reference, through rope_kv_store
 /// (storing the new tokens' k/v, rope_dim 0: no rotation) and attention.
@@ -1035,7 +1124,7 @@ fn attention_matches_causal_softmax_reference() {
             let rope = (&table, no_rope);
             kernels.rope_kv_store(ctx, p, &step, &qkv, fields, (&kb, &vb), rope, s)?;
             let q = (&qkv, fields[0]);
-            kernels.attention(ctx, p, &step, q, &kb, &vb, &partials, &ob, s)
+            kernels.attention(ctx, p, &step, q, &kb, &vb, &partials, &ob, s, None)
         });
         let got = read_f32(ctx, &ob, n_tokens * n_heads * head_dim);
         // the reference cache after kv_store
@@ -1279,7 +1368,8 @@ fn shape_errors_are_typed() {
             &b,
             &b,
             &b,
-            one
+            one,
+            None
         ),
         Err(GpuError::Shape(_))
     ));
@@ -1296,7 +1386,18 @@ fn shape_errors_are_typed() {
         cache_offset: 0,
     };
     assert!(matches!(
-        kernels.attention(ctx, &mut plan, &step, (&b, whole), &b, &b, &b, &b, too_many),
+        kernels.attention(
+            ctx,
+            &mut plan,
+            &step,
+            (&b, whole),
+            &b,
+            &b,
+            &b,
+            &b,
+            too_many,
+            None
+        ),
         Err(GpuError::Shape(_))
     ));
     let bad_group = AttentionShape {
@@ -1317,7 +1418,8 @@ fn shape_errors_are_typed() {
             &b,
             &b,
             &b,
-            bad_group
+            bad_group,
+            None
         ),
         Err(GpuError::Shape(_))
     ));
@@ -1330,7 +1432,18 @@ fn shape_errors_are_typed() {
         cache_offset: 0,
     };
     assert!(matches!(
-        kernels.attention(ctx, &mut plan, &step, (&b, whole), &b, &b, &b, &b, wide),
+        kernels.attention(
+            ctx,
+            &mut plan,
+            &step,
+            (&b, whole),
+            &b,
+            &b,
+            &b,
+            &b,
+            wide,
+            None
+        ),
         Err(GpuError::Shape(_))
     ));
     // the kernel reads heads and the cache as vec4
@@ -1350,7 +1463,8 @@ fn shape_errors_are_typed() {
                 &b,
                 &b,
                 &b,
-                unaligned
+                unaligned,
+                None
             ),
             Err(GpuError::Shape(_))
         ));

@@ -15,6 +15,14 @@
 // position, a vec4 of dimensions per thread.
 // Cache layout, from cache_offset: keys and values both [kv_head][capacity][head_dim].
 // head_dim and cache_offset are multiples of 4 (kernels.rs checks).
+//
+// With p.fresh (decode and prefill of the session), the step's tokens arrive as the projection
+// wrote them: q, k and v fields of their rows in `qkv`, without the rotary embedding. Then this
+// kernel does rope_kv_store.wgsl's work itself, saving its dispatch: it rotates the queries as
+// it loads them, reads the new positions' keys (rotated the same way) and values from `qkv`
+// instead of the cache, and one workgroup per (token, kv head) stores them in the cache for
+// later steps — positions no workgroup of this dispatch reads from the cache. Without it the
+// queries are rotated and every position cached already (rope_kv_store ran).
 
 struct Params {
     n_heads: u32,
@@ -29,6 +37,14 @@ struct Params {
     stats_offset: u32, // vec4s: where the (max, sum) of the splits start in `partials`
     q_stride: u32,     // row width and offset of the queries in q's token rows (multiples of 4)
     q_offset: u32,
+    fresh: u32,        // 1: the step's tokens unrotated in qkv (see above)
+    rope_dim: u32,     // fresh: leading dimensions of each head that rotate (a multiple of 8)
+    neox: u32,         // fresh: 1: pairs (i, i + rope_dim/2) (qwen2); 0: pairs (2i, 2i + 1)
+    k_offset: u32,     // fresh: where k and v start in the token rows (multiples of 4)
+    v_offset: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 struct Step {
@@ -40,12 +56,15 @@ struct Step {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<uniform> step: Step;
-@group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;    // [token][.. head][head_dim ..]
-@group(0) @binding(3) var<storage, read> keys: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read> vals: array<vec4<f32>>;
+// [token][.. q heads | k heads | v heads ..], each [head_dim] (the k and v fields: fresh only)
+@group(0) @binding(2) var<storage, read> qkv: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> keys: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> vals: array<vec4<f32>>;
 // [token][head][split][head_dim]: the unnormalized outputs, then from stats_offset
 // [token][head][split] (max, sum, 0, 0)
 @group(0) @binding(5) var<storage, read_write> partials: array<vec4<f32>>;
+// fresh: [position][rope_dim / 2] (cos, sin), as rope_kv_store.wgsl reads it
+@group(0) @binding(6) var<storage, read> cos_sin: array<vec2<f32>>;
 
 const WORKGROUP: u32 = 256u;
 // Positions per chunk, and threads per position's dot.
@@ -87,6 +106,58 @@ fn reduce(lid: u32, is_max: bool) -> f32 {
     return result;
 }
 
+// Quad d (elements 4d .. 4d + 4) of the head whose first quad is qkv[head], rotated for
+// position pos with rope_kv_store.wgsl's expressions (fresh).
+fn rotated(head: u32, d: u32, pos: u32) -> vec4<f32> {
+    let x = qkv[head + d];
+    let e = 4u * d;
+    if (e >= p.rope_dim) {
+        return x;
+    }
+    let half = p.rope_dim / 2u;
+    let row = pos * half;
+    if (p.neox == 0u) {
+        // pairs (x, y) and (z, w): pair indices 2d and 2d + 1
+        let a = cos_sin[row + 2u * d];
+        let b = cos_sin[row + 2u * d + 1u];
+        return vec4<f32>(x.x * a.x + (-x.y) * a.y, x.y * a.x + x.x * a.y,
+                         x.z * b.x + (-x.w) * b.y, x.w * b.x + x.z * b.y);
+    }
+    // Each element pairs with the one half a rotation away: the quad half / 4 quads away.
+    let first = e < half;
+    let i = select(e - half, e, first);
+    let other = qkv[select(head + d - half / 4u, head + d + half / 4u, first)];
+    let c0 = cos_sin[row + i];
+    let c1 = cos_sin[row + i + 1u];
+    let c2 = cos_sin[row + i + 2u];
+    let c3 = cos_sin[row + i + 3u];
+    let cs = vec4<f32>(c0.x, c1.x, c2.x, c3.x);
+    let sn = vec4<f32>(c0.y, c1.y, c2.y, c3.y);
+    if (first) {
+        return x * cs + (-other) * sn;
+    }
+    return x * cs + other * sn;
+}
+
+// Quad d of kv head `kv`'s key at position pos (its first quad in the cache: `row`): from the
+// cache, or (fresh, a step's token) rotated from qkv.
+fn key_quad(row: u32, kv: u32, pos: u32, d: u32) -> vec4<f32> {
+    if (p.fresh != 0u && pos >= step.pos0) {
+        let hd4 = p.head_dim / 4u;
+        return rotated(((pos - step.pos0) * p.q_stride + p.k_offset) / 4u + kv * hd4, d, pos);
+    }
+    return keys[row + d];
+}
+
+// Quad d of kv head `kv`'s value at position pos (its first quad in the cache: `row`).
+fn value_quad(row: u32, kv: u32, pos: u32, d: u32) -> vec4<f32> {
+    if (p.fresh != 0u && pos >= step.pos0) {
+        let hd4 = p.head_dim / 4u;
+        return qkv[((pos - step.pos0) * p.q_stride + p.v_offset) / 4u + kv * hd4 + d];
+    }
+    return vals[row + d];
+}
+
 // acc + dot(a, b), as four chained fused multiply-adds.
 fn dot_acc(acc: f32, a: vec4<f32>, b: vec4<f32>) -> f32 {
     return fma(a.w, b.w, fma(a.z, b.z, fma(a.y, b.y, fma(a.x, b.x, acc))));
@@ -110,10 +181,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     }
     let end = min(len, first + p.split_len);
     let hd4 = p.head_dim / 4u;
-    let kv_base = p.cache_offset / 4u + (h / (p.n_heads / p.n_kv_heads)) * p.capacity * hd4;
+    let group_size = p.n_heads / p.n_kv_heads;
+    let kv = h / group_size;
+    let kv_base = p.cache_offset / 4u + kv * p.capacity * hd4;
     let head = t * p.n_heads + h;
+    let pos = len - 1u;
     if (lid < hd4) {
-        q_head[lid] = q[(t * p.q_stride + p.q_offset) / 4u + h * hd4 + lid];
+        let q_at = (t * p.q_stride + p.q_offset) / 4u + h * hd4;
+        if (p.fresh != 0u) {
+            q_head[lid] = rotated(q_at, lid, pos);
+            // The token's own key and value go to the cache once: from its kv head's first
+            // query head, the split holding its position.
+            if (h % group_size == 0u && end == len) {
+                keys[kv_base + pos * hd4 + lid] = key_quad(0u, kv, pos, lid);
+                vals[kv_base + pos * hd4 + lid] = value_quad(0u, kv, pos, lid);
+            }
+        } else {
+            q_head[lid] = qkv[q_at + lid];
+        }
     }
     workgroupBarrier();
 
@@ -129,14 +214,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     var running_sum = 0.0;
     var acc = vec4<f32>(0.0);
     for (var c0 = first; c0 < end; c0 += CHUNK) {
-        let pos = c0 + at;
+        let at_pos = c0 + at;
         var dot = 0.0;
-        if (pos < end) {
-            let row = kv_base + pos * hd4;
+        if (at_pos < end) {
+            let row = kv_base + at_pos * hd4;
             for (var i = 0u; i < LANE_QUADS; i++) {
                 let d = lane + i * LANES;
                 if (d < hd4) {
-                    dot = dot_acc(dot, q_head[d], keys[row + d]);
+                    dot = dot_acc(dot, q_head[d], key_quad(row, kv, at_pos, d));
                 }
             }
         }
@@ -172,7 +257,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
             for (var i = 0u; i < GROUP_POSITIONS; i++) {
                 let j = vg + i * value_groups;
                 if (j < n) {
-                    a = fma(vec4<f32>(probs[j]), vals[kv_base + (c0 + j) * hd4 + vd], a);
+                    let v = value_quad(kv_base + (c0 + j) * hd4, kv, c0 + j, vd);
+                    a = fma(vec4<f32>(probs[j]), v, a);
                 }
             }
             acc = a;
