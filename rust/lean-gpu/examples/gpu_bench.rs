@@ -11,11 +11,19 @@
 //! Every matvec case runs with the default kernels (the reduction in workgroup memory) and,
 //! where the adapter has subgroups, again with `Kernels::with_subgroup_matvec`.
 //!
-//! Run: `cargo run --release --example gpu_bench [-- [--small] [TYPE...]]` (`--small`, or a
-//! CPU adapter such as lavapipe, uses shapes a tenth the size and fewer repetitions; type names
-//! such as Q4_0 Q6_K restrict the cases to those types).
+//! The decode attention (attention + its combine pass, as a decode step records them: the step's
+//! token unrotated in its q|k|v row) runs for the head shapes of the benchmark models at a few
+//! context lengths, rotating over one KV cache per layer as a forward pass does.
+//!
+//! Run: `cargo run --release --example gpu_bench [-- [--small] [TYPE...] [attention]]`
+//! (`--small`, or a CPU adapter such as lavapipe, uses shapes a tenth the size and fewer
+//! repetitions; type names such as Q4_0 Q6_K restrict the matvec cases to those types,
+//! `attention` alone runs only the read kernels and the attention cases).
 use lean_gpu::wgpu;
-use lean_gpu::{GpuContext, GpuMatrix, Kernels, MatvecExtras, Plan, RowField};
+use lean_gpu::{
+    rope_cos_sin, AttentionShape, FreshTokens, GpuContext, GpuMatrix, Kernels, MatvecExtras, Plan,
+    Rope, RopePairing, RowField, StepBuffer,
+};
 use lean_quant::{scalar, TensorType};
 use std::time::Instant;
 
@@ -387,6 +395,14 @@ fn main() {
     read_bandwidth(&ctx, &timer, "read vec4<u32>", READ_VEC4, read_bytes);
     read_bandwidth(&ctx, &timer, "read u32", READ_U32, read_bytes);
 
+    let attention_only = !only.is_empty() && only.iter().all(|o| o == "attention");
+    if only.is_empty() || only.iter().any(|o| o == "attention") {
+        attention_bench(&ctx, &timer, &kernels, small);
+    }
+    if attention_only {
+        return;
+    }
+
     println!("\n| type | rows x cols | weight MB | kernels | copies | dispatches | time/dispatch | GB/s |\n|---|---|---|---|---|---|---|---|");
     // The cost of a dispatch itself (an 8 x 32 matrix); then F32, whose loads are all
     // contiguous, as the skeleton's own streaming rate.
@@ -448,4 +464,95 @@ fn main() {
             );
         }
     }
+}
+
+/// Decode attention (one token, fresh from its q|k|v row) per head shape and context length:
+/// GPU time of one `Kernels::attention` call (its dispatches), averaged over a run that
+/// rotates over `LAYERS` caches.
+fn attention_bench(ctx: &GpuContext, timer: &Timer, kernels: &Kernels, small: bool) {
+    const LAYERS: usize = 36;
+    let calls = if small { LAYERS } else { 10 * LAYERS };
+    println!("| heads / kv heads x head_dim | rope | context (capacity) | time/call |\n|---|---|---|---|");
+    // (model, heads, kv heads, head_dim, pairing)
+    let models = [
+        ("qwen2.5-3b", 16, 2, 128, RopePairing::Neox),
+        ("qwen2.5-0.5b", 14, 2, 64, RopePairing::Neox),
+        ("smollm2-1.7b", 32, 32, 64, RopePairing::Interleaved),
+    ];
+    let contexts: &[(usize, usize)] = if small {
+        &[(64, 80), (576, 640)]
+    } else {
+        &[(64, 640), (576, 640), (2000, 4096), (4000, 4096)]
+    };
+    for (model, n_heads, n_kv_heads, head_dim, pairing) in models {
+        for &(len, capacity) in contexts {
+            let kv_dim = n_kv_heads * head_dim;
+            let width = n_heads * head_dim + 2 * kv_dim;
+            let s = AttentionShape {
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                n_tokens: 1,
+                capacity,
+                cache_offset: 0,
+            };
+            let rope = Rope {
+                rope_dim: head_dim,
+                positions: capacity,
+                pairing,
+            };
+            let table = rope_cos_sin(head_dim, 1e6, 1.0, capacity);
+            let tb = ctx.upload_f32("cos_sin", table.as_flattened());
+            let qkv = ctx.upload_f32("qkv", &random_floats(width));
+            let caches: Vec<(wgpu::Buffer, wgpu::Buffer)> = (0..LAYERS)
+                .map(|_| {
+                    let cache = random_floats(kv_dim * capacity);
+                    (
+                        ctx.upload_f32("keys", &cache),
+                        ctx.upload_f32("values", &cache),
+                    )
+                })
+                .collect();
+            let partials = ctx.storage_f32("partials", s.partials_len());
+            let out = ctx.storage_f32("out", n_heads * head_dim);
+            let step = StepBuffer::new(ctx);
+            step.set(ctx, len - 1).expect("step");
+            let mut plan = Plan::new();
+            for (keys, values) in caches.iter().cycle().take(calls) {
+                let fresh = FreshTokens {
+                    k: RowField {
+                        width,
+                        offset: n_heads * head_dim,
+                    },
+                    v: RowField {
+                        width,
+                        offset: n_heads * head_dim + kv_dim,
+                    },
+                    cos_sin: &tb,
+                    rope,
+                };
+                let q = (&qkv, RowField { width, offset: 0 });
+                kernels
+                    .attention(
+                        ctx,
+                        &mut plan,
+                        &step,
+                        q,
+                        keys,
+                        values,
+                        &partials,
+                        &out,
+                        s,
+                        Some(fresh),
+                    )
+                    .expect("attention");
+            }
+            let seconds = timer.best(ctx, |encoder| plan.encode(encoder));
+            println!(
+                "| {model}: {n_heads} / {n_kv_heads} x {head_dim} | {pairing:?} | {len} ({capacity}) | {:.2} µs |",
+                seconds / calls as f64 * 1e6
+            );
+        }
+    }
+    println!();
 }

@@ -35,6 +35,8 @@ const MATMUL: &str = include_str!("shaders/matmul.wgsl");
 const MATMUL_REDUCE: &str = include_str!("shaders/matmul_reduce.wgsl");
 const EMBED: &str = include_str!("shaders/embed.wgsl");
 const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
+const ATTENTION: &str = include_str!("shaders/attention.wgsl");
+const ATTENTION_COMBINE: &str = include_str!("shaders/attention_combine.wgsl");
 /// Browsers' WGSL wants subgroups enabled in the shader; naga (native) has no such directive.
 const SUBGROUPS_DIRECTIVE: &str = if cfg!(target_arch = "wasm32") {
     "enable subgroups;\n"
@@ -226,7 +228,6 @@ struct AttentionParams {
     cache_offset: u32,
     scale: f32,
     n_splits: u32,
-    split_len: u32,
     stats_offset: u32,
     /// (row width, offset) of q.
     q: [u32; 2],
@@ -235,7 +236,7 @@ struct AttentionParams {
     neox: u32,
     k_offset: u32,
     v_offset: u32,
-    pad: [u32; 3],
+    pad: [u32; 4],
 }
 
 #[repr(C)]
@@ -245,8 +246,8 @@ struct CombineParams {
     head_dim: u32,
     n_tokens: u32,
     n_splits: u32,
-    split_len: u32,
     stats_offset: u32,
+    capacity: u32,
     pad: [u32; 2],
 }
 
@@ -405,27 +406,23 @@ const ATTENTION_CHUNK: usize = 64;
 const ATTENTION_SPLITS_PER_HEAD: usize = 64;
 
 impl AttentionShape {
-    /// (splits, positions per split) of the split-K attention: splits of one chunk, at most
-    /// ATTENTION_SPLITS_PER_HEAD / n_tokens of them (longer contexts get longer splits).
-    fn splits(&self) -> (usize, usize) {
+    /// Splits (workgroups per token and head) of the split-K attention: as many as the cache
+    /// has chunks, at most ATTENTION_SPLITS_PER_HEAD / n_tokens. The shaders size the splits
+    /// from each token's length (whole chunks, as few per split as these splits allow).
+    fn splits(&self) -> usize {
         let most = (ATTENTION_SPLITS_PER_HEAD / self.n_tokens.max(1)).max(1);
-        let n_splits = self.capacity.div_ceil(ATTENTION_CHUNK).clamp(1, most);
-        let split_len = self
-            .capacity
-            .div_ceil(n_splits)
-            .next_multiple_of(ATTENTION_CHUNK);
-        (n_splits, split_len)
+        self.capacity.div_ceil(ATTENTION_CHUNK).clamp(1, most)
     }
 
     /// f32 elements of the partials scratch buffer `attention` needs: per (token, head,
     /// split) head_dim outputs, then per (token, head, split) a vec4 (max, sum, 0, 0).
     pub fn partials_len(&self) -> usize {
-        self.n_tokens * self.n_heads * self.splits().0 * (self.head_dim + 4)
+        self.n_tokens * self.n_heads * self.splits() * (self.head_dim + 4)
     }
 
     /// Where the splits' (max, sum) start in the partials, in vec4s.
     fn stats_offset(&self) -> usize {
-        self.n_tokens * self.n_heads * self.splits().0 * self.head_dim / 4
+        self.n_tokens * self.n_heads * self.splits() * self.head_dim / 4
     }
 }
 
@@ -563,8 +560,9 @@ pub struct Kernels {
     embed: Vec<(TensorType, wgpu::ComputePipeline)>,
     rms_norm: wgpu::ComputePipeline,
     rope_kv_store: wgpu::ComputePipeline,
-    attention: wgpu::ComputePipeline,
-    attention_combine: wgpu::ComputePipeline,
+    /// Per ATTENTION_HEAD_DIMS: for heads up to that size.
+    attention: [wgpu::ComputePipeline; 3],
+    attention_combine: [wgpu::ComputePipeline; 3],
     silu_mul: wgpu::ComputePipeline,
     add: wgpu::ComputePipeline,
     /// argmax.wgsl's two passes: the first maximum per span, then of the spans.
@@ -645,6 +643,63 @@ unsafe fn trusted_module(ctx: &GpuContext, label: &str, source: &str) -> wgpu::S
 unsafe fn matvec_module(ctx: &GpuContext, label: &str, source: &str) -> wgpu::ShaderModule {
     // SAFETY: every index is in range and every loop ends (see above).
     unsafe { trusted_module(ctx, label, source) }
+}
+
+/// The largest head of each attention pipeline (attention.wgsl's MAX_HEAD_DIM): the shaders
+/// keep a chunk's keys and values in register arrays sized for it, and a head smaller than its
+/// pipeline's leaves fewer workgroups room on an SM (on an H200 a head_dim-64 model's
+/// attention took ~25% longer in the 128 pipeline).
+const ATTENTION_HEAD_DIMS: [usize; 3] = [64, 128, MAX_HEAD_DIM];
+
+/// Index into ATTENTION_HEAD_DIMS of the smallest pipeline that holds `head_dim` (at most
+/// MAX_HEAD_DIM, checked by the caller).
+fn attention_variant(head_dim: usize) -> usize {
+    ATTENTION_HEAD_DIMS
+        .iter()
+        .position(|&most| head_dim <= most)
+        .unwrap_or(ATTENTION_HEAD_DIMS.len() - 1)
+}
+
+/// An attention pipeline (attention.wgsl or attention_combine.wgsl) for heads up to
+/// `max_head_dim`, compiled without wgpu's runtime checks: its loops forced bounded and its
+/// register arrays' indices clamped, the NVIDIA compiler keeps the arrays out of registers
+/// (measured on an H200: a decode step's attention 25.6 -> 15.3 µs). In the browser the checks
+/// stay.
+///
+/// Every access is in range, from what `Kernels::attention` checks, for a head_dim of at most
+/// `max_head_dim` (attention_variant picks so):
+/// - a token's length is clamped to the capacity, so cache positions are below it, and the
+///   cache holds cache_offset + n_kv_heads × capacity × head_dim f32 (checked); quads run below
+///   head_dim / 4;
+/// - queries and (fresh) k and v are read at token t < n_tokens in the checked fields; a
+///   rotation's other quad lies in the same head (NeoX: half / 4 quads away within rope_dim),
+///   and the table is read at position × rope_dim / 2 + i for i below rope_dim / 2, positions
+///   below the capacity, which the table covers (checked);
+/// - partials and stats at (token × n_heads + head) × n_splits + split (+ stats_offset), below
+///   `partials_len` (checked); the splits a token uses are at most n_splits (split_length makes
+///   the splits long enough), and n_splits at most MAX_SPLITS (64);
+/// - workgroup arrays: q_head below head_dim / 4; lanes and scores below CHUNK (value
+///   positions are guarded by j < CHUNK); outs and sums below WORKGROUP (value groups ×
+///   head_dim / 4); stats below MAX_SPLITS; register arrays by loops of their fixed length;
+/// - loops run to fixed bounds or to the split's end by CHUNK, and the divisions are by
+///   n_splits, n_heads and the GQA group, all at least 1 (checked), or by constants.
+///
+/// `tests/kernels.rs` runs them on head_dims 32 to 256 (80: value groups that do not divide
+/// the workgroup), GQA groups, prefill chunks, multi-chunk splits and fresh tokens.
+fn attention_pipeline(
+    ctx: &GpuContext,
+    name: &str,
+    source: &str,
+    max_head_dim: usize,
+) -> wgpu::ComputePipeline {
+    let source = source.replace(
+        "const MAX_HEAD_DIM: u32 = 256u;",
+        &format!("const MAX_HEAD_DIM: u32 = {max_head_dim}u;"),
+    );
+    let label = format!("{name}_{max_head_dim}");
+    // SAFETY: every index is in range and every loop ends (see above).
+    let module = unsafe { trusted_module(ctx, &label, &source) };
+    pipeline_of(ctx, &label, &module, "main", &[])
 }
 
 /// A matmul pipeline, compiled without wgpu's runtime checks (clamped indices): prefill spends
@@ -797,12 +852,11 @@ impl Kernels {
                 "rope_kv_store",
                 include_str!("shaders/rope_kv_store.wgsl"),
             ),
-            attention: pipeline(ctx, "attention", include_str!("shaders/attention.wgsl")),
-            attention_combine: pipeline(
-                ctx,
-                "attention_combine",
-                include_str!("shaders/attention_combine.wgsl"),
-            ),
+            attention: ATTENTION_HEAD_DIMS
+                .map(|head_dim| attention_pipeline(ctx, "attention", ATTENTION, head_dim)),
+            attention_combine: ATTENTION_HEAD_DIMS.map(|head_dim| {
+                attention_pipeline(ctx, "attention_combine", ATTENTION_COMBINE, head_dim)
+            }),
             silu_mul: pipeline(ctx, "silu_mul", include_str!("shaders/silu_mul.wgsl")),
             add: pipeline(ctx, "add", include_str!("shaders/add.wgsl")),
             argmax_spans: pipeline_at(ctx, "argmax_spans", ARGMAX, "spans"),
@@ -1278,6 +1332,7 @@ impl Kernels {
         fresh: Option<FreshTokens>,
     ) -> Result<()> {
         if s.n_kv_heads == 0
+            || s.n_heads == 0
             || !s.n_heads.is_multiple_of(s.n_kv_heads)
             || s.n_tokens == 0
             || s.n_tokens > s.capacity
@@ -1345,7 +1400,7 @@ impl Kernels {
             )?;
             check_len("rope table", f.cos_sin, s.capacity * f.rope.rope_dim)?;
         }
-        let (n_splits, split_len) = s.splits();
+        let n_splits = s.splits();
         let params = AttentionParams {
             n_heads: u32_arg("heads", s.n_heads)?,
             n_kv_heads: u32_arg("kv heads", s.n_kv_heads)?,
@@ -1355,7 +1410,6 @@ impl Kernels {
             cache_offset: u32_arg("cache offset", s.cache_offset)?,
             scale: 1.0 / (s.head_dim as f32).sqrt(),
             n_splits: u32_arg("splits", n_splits)?,
-            split_len: u32_arg("split length", split_len)?,
             stats_offset: u32_arg("stats offset", s.stats_offset())?,
             q: q_at.params()?,
             fresh: fresh.is_some() as u32,
@@ -1363,7 +1417,7 @@ impl Kernels {
             neox: fresh.is_some_and(|f| f.rope.pairing == RopePairing::Neox) as u32,
             k_offset: u32_arg("k offset", fresh.map_or(0, |f| f.k.offset))?,
             v_offset: u32_arg("v offset", fresh.map_or(0, |f| f.v.offset))?,
-            pad: [0; 3],
+            pad: [0; 4],
         };
         // Without fresh tokens the table is never read: q stands in.
         let cos_sin = fresh.map_or(q, |f| f.cos_sin);
@@ -1372,7 +1426,7 @@ impl Kernels {
             ctx,
             plan,
             "attention".into(),
-            &self.attention,
+            &self.attention[attention_variant(s.head_dim)],
             &params,
             &[step.buffer(), q, keys, values, partials, cos_sin],
             groups,
@@ -1382,8 +1436,8 @@ impl Kernels {
             head_dim: params.head_dim,
             n_tokens: params.n_tokens,
             n_splits: params.n_splits,
-            split_len: params.split_len,
             stats_offset: params.stats_offset,
+            capacity: params.capacity,
             pad: [0; 2],
         };
         let groups = u32_arg("attention workgroups", s.n_tokens * s.n_heads)?;
@@ -1391,7 +1445,7 @@ impl Kernels {
             ctx,
             plan,
             "attention_combine".into(),
-            &self.attention_combine,
+            &self.attention_combine[attention_variant(s.head_dim)],
             &combine,
             &[step.buffer(), partials, out],
             groups,

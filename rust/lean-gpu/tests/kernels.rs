@@ -1074,9 +1074,10 @@ fn attention_matches_causal_softmax_reference() {
     let mut rng = Rng(90);
     // decode at position 0; a GQA group of 3 with a prefill chunk after cached positions; more
     // positions than the 64-position chunk; head_dim 128; head_dim 80 (value groups of 80
-    // threads, 16 idle) and 256 (one group)
-    // (splits: 1 of 64 positions; 1 of 64; 5 of 64; 1 of 128; 21 of 320 when the context is
-    // long; 4 of 64; 1 of 64)
+    // threads, 16 idle) and 256 (one group); long decodes in two-chunk splits, head_dims 128,
+    // 64 and 80 (value groups covering more than a chunk)
+    // (splits in use, of the token's length: 1 of 64 positions; 1 of 64; 5 of 64; 1 of 128 (two
+    // chunks); 11 of 64 in a long cache; 4 of 64; 1 of 64; 40 of 128 three times)
     for (n_heads, n_kv_heads, head_dim, n_tokens, pos0, capacity) in [
         (2, 2, 64, 1, 0, 8),
         (6, 2, 64, 5, 32, 40),
@@ -1085,6 +1086,9 @@ fn attention_matches_causal_softmax_reference() {
         (2, 1, 64, 3, 700, 6000),
         (3, 1, 80, 1, 200, 201),
         (2, 2, 256, 2, 10, 20),
+        (4, 2, 128, 1, 5000, 5001),
+        (2, 1, 64, 1, 5000, 5001),
+        (3, 1, 80, 1, 5000, 5001),
     ] {
         let kv_dim = n_kv_heads * head_dim;
         let s = AttentionShape {

@@ -5,16 +5,23 @@
 // CHUNK with an online softmax (running max and sum, the output rescaled when the max grows),
 // and writes its partial (unnormalized output, then max and sum) for attention_combine.wgsl.
 // Token t sits at position step.pos0 + t and sees positions 0 ..= pos0 + t; head h reads kv
-// head h / (n_heads / n_kv_heads). Splits let a single decoded token use many workgroups.
+// head h / (n_heads / n_kv_heads). split_len follows the token's length (split_length: whole
+// chunks, as few per split as n_splits allow), so a short context in a long cache still spreads
+// over many workgroups, and one recorded dispatch serves every step.
 //
-// Built for latency (a decode step waits for it between dependent dispatches): keys and
-// values are read as vec4, and every thread issues all its loads of a chunk at once (loops of
-// a fixed count the compiler unrolls, guarded), so a chunk costs about one memory round trip
-// for its keys and one for its values. Per chunk, LANES threads share each position's q·k;
-// for probabilities·values each group of head_dim / 4 threads takes every value_groups-th
-// position, a vec4 of dimensions per thread.
+// Built for latency (a decode step waits for it between dependent dispatches, and a split is
+// typically one chunk): every thread issues all its loads of a chunk (keys, values) and the
+// query's before its first wait (loops of a fixed count the compiler unrolls, guarded, into
+// registers); the next chunk's loads go out while this one's softmax runs; and a chunk costs two
+// barriers: LANES threads share each position's q·k (partial dots in `lanes`), a thread per
+// position sums them into `scores`, then every thread reads the chunk's scores for the max (16
+// broadcast vec4 reads, no tree of barriers). For probabilities·values each group of
+// head_dim / 4 threads takes every value_groups-th position, a vec4 of dimensions per thread,
+// and keeps its own share of the softmax sum; the groups' outputs and sums meet once, at the end.
 // Cache layout, from cache_offset: keys and values both [kv_head][capacity][head_dim].
-// head_dim and cache_offset are multiples of 4 (kernels.rs checks).
+// head_dim and cache_offset are multiples of 4 (kernels.rs checks). kernels.rs builds this
+// shader for MAX_HEAD_DIM 64, 128 and 256 and picks the smallest that holds head_dim: the
+// register arrays sized for a larger head cost an H200 ~25% (fewer workgroups fit an SM).
 //
 // With p.fresh (decode and prefill of the session), the step's tokens arrive as the projection
 // wrote them: q, k and v fields of their rows in `qkv`, without the rotary embedding. Then this
@@ -32,8 +39,7 @@ struct Params {
     capacity: u32,
     cache_offset: u32, // elements: this layer's first key (and value)
     scale: f32,
-    n_splits: u32,
-    split_len: u32,    // positions per split, a multiple of CHUNK
+    n_splits: u32,     // splits per (token, head): workgroups, some of them idle
     stats_offset: u32, // vec4s: where the (max, sum) of the splits start in `partials`
     q_stride: u32,     // row width and offset of the queries in q's token rows (multiples of 4)
     q_offset: u32,
@@ -45,6 +51,7 @@ struct Params {
     _pad0: u32,
     _pad1: u32,
     _pad2: u32,
+    _pad3: u32,
 }
 
 struct Step {
@@ -72,38 +79,27 @@ const CHUNK: u32 = 64u;
 const LANES: u32 = WORKGROUP / CHUNK;
 const MAX_HEAD_DIM: u32 = 256u;
 // vec4s of a key row a lane reads, at most; positions a value group takes per chunk, at most
-// (value_groups is at least WORKGROUP / (MAX_HEAD_DIM / 4) = 4).
+// (there are at least WORKGROUP / (MAX_HEAD_DIM / 4) value groups).
 const LANE_QUADS: u32 = MAX_HEAD_DIM / 4u / LANES;
-const GROUP_POSITIONS: u32 = CHUNK / 4u;
+const GROUP_POSITIONS: u32 = CHUNK / (WORKGROUP / (MAX_HEAD_DIM / 4u));
 // The lowest finite f32, written below its exact value: 3.4028235e38 rounds above f32::MAX as an
 // abstract float, which Tint (Chromium) rejects.
 const LOWEST: f32 = -3.4028234e38;
 
 var<workgroup> q_head: array<vec4<f32>, MAX_HEAD_DIM / 4u>;
-// The lanes' partial dots.
-var<workgroup> lanes: array<f32, WORKGROUP>;
-var<workgroup> probs: array<f32, CHUNK>;
-var<workgroup> partial: array<f32, CHUNK>;
-// The value groups' partial outputs.
+// The lanes' partial dots of each position of a chunk.
+var<workgroup> lanes: array<vec4<f32>, CHUNK>;
+// The chunk's scores (LOWEST past the split's end).
+var<workgroup> scores: array<vec4<f32>, CHUNK / 4u>;
+// The value groups' partial outputs and softmax sums.
 var<workgroup> outs: array<vec4<f32>, WORKGROUP>;
+var<workgroup> sums: array<f32, WORKGROUP>;
 
-// Tree reduction of `partial` by max (is_max) or sum; every thread gets the result.
-fn reduce(lid: u32, is_max: bool) -> f32 {
-    workgroupBarrier();
-    for (var s = CHUNK / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            if (is_max) {
-                partial[lid] = max(partial[lid], partial[lid + s]);
-            } else {
-                partial[lid] += partial[lid + s];
-            }
-        }
-        workgroupBarrier();
-    }
-    let result = partial[0];
-    // Everyone must read partial[0] before it is overwritten by the next reduction.
-    workgroupBarrier();
-    return result;
+// Positions per split for a token that sees `len` positions: whole chunks, as few as spread
+// them over n_splits splits (attention_combine.wgsl computes the same).
+fn split_length(len: u32) -> u32 {
+    let span = p.n_splits * CHUNK;
+    return (len + span - 1u) / span * CHUNK;
 }
 
 // Quad d (elements 4d .. 4d + 4) of the head whose first quad is qkv[head], rotated for
@@ -163,6 +159,64 @@ fn dot_acc(acc: f32, a: vec4<f32>, b: vec4<f32>) -> f32 {
     return fma(a.w, b.w, fma(a.z, b.z, fma(a.y, b.y, fma(a.x, b.x, acc))));
 }
 
+// The keys this thread dots for the chunk at c0: quads lane + i × LANES of position c0 + at.
+// The cache's are loaded unconditionally (one batch of loads, no branch between them); a step's
+// fresh position then takes its key from qkv instead (rotated), past the batch.
+fn chunk_keys(kv_base: u32, kv: u32, c0: u32, at: u32, lane: u32, end: u32)
+        -> array<vec4<f32>, LANE_QUADS> {
+    var k: array<vec4<f32>, LANE_QUADS>;
+    let at_pos = c0 + at;
+    let hd4 = p.head_dim / 4u;
+    if (at_pos < end) {
+        let row = kv_base + at_pos * hd4;
+        for (var i = 0u; i < LANE_QUADS; i++) {
+            let d = lane + i * LANES;
+            if (d < hd4) {
+                k[i] = keys[row + d];
+            }
+        }
+        if (p.fresh != 0u && at_pos >= step.pos0) {
+            let head = ((at_pos - step.pos0) * p.q_stride + p.k_offset) / 4u + kv * hd4;
+            for (var i = 0u; i < LANE_QUADS; i++) {
+                let d = lane + i * LANES;
+                if (d < hd4) {
+                    k[i] = rotated(head, d, at_pos);
+                }
+            }
+        }
+    }
+    return k;
+}
+
+// The values this thread weighs for the chunk at c0: quad vd of positions c0 + vg + i ×
+// value_groups (a fresh position's from qkv, as for the keys).
+fn chunk_values(kv_base: u32, kv: u32, c0: u32, vg: u32, vd: u32, end: u32)
+        -> array<vec4<f32>, GROUP_POSITIONS> {
+    var v: array<vec4<f32>, GROUP_POSITIONS>;
+    let hd4 = p.head_dim / 4u;
+    let value_groups = WORKGROUP / hd4;
+    // (value_groups × GROUP_POSITIONS can exceed CHUNK when head_dim / 4 does not divide
+    // WORKGROUP, or is below MAX_HEAD_DIM / 4)
+    let chunk_end = min(end, c0 + CHUNK);
+    if (vg < value_groups) {
+        for (var i = 0u; i < GROUP_POSITIONS; i++) {
+            let at_pos = c0 + vg + i * value_groups;
+            if (at_pos < chunk_end) {
+                v[i] = vals[kv_base + at_pos * hd4 + vd];
+            }
+        }
+        if (p.fresh != 0u && chunk_end > step.pos0) {
+            for (var i = 0u; i < GROUP_POSITIONS; i++) {
+                let at_pos = c0 + vg + i * value_groups;
+                if (at_pos < chunk_end && at_pos >= step.pos0) {
+                    v[i] = value_quad(0u, kv, at_pos, vd);
+                }
+            }
+        }
+    }
+    return v;
+}
+
 @compute @workgroup_size(WORKGROUP)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
@@ -173,19 +227,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     if (t >= p.n_tokens) {
         return;
     }
-    let len = step.pos0 + t + 1u;
-    let first = split * p.split_len;
+    // (at most the capacity: the session never steps past it; the clamp keeps every cache
+    // access in range whatever the step buffer holds)
+    let len = min(step.pos0 + t + 1u, p.capacity);
+    let split_len = split_length(len);
+    let first = split * split_len;
     // Splits past the token's last position have nothing to do (the combine skips them).
     if (first >= len) {
         return;
     }
-    let end = min(len, first + p.split_len);
+    let end = min(len, first + split_len);
     let hd4 = p.head_dim / 4u;
     let group_size = p.n_heads / p.n_kv_heads;
     let kv = h / group_size;
     let kv_base = p.cache_offset / 4u + kv * p.capacity * hd4;
     let head = t * p.n_heads + h;
     let pos = len - 1u;
+
+    // This thread's share of the dots: position `at` of a chunk, quads lane, lane + LANES, ...
+    let at = lid / LANES;
+    let lane = lid % LANES;
+    // and of the output: quad vd over positions vg, vg + value_groups, ... (threads past the
+    // last whole group idle there).
+    let value_groups = WORKGROUP / hd4;
+    let vg = lid / hd4;
+    let vd = lid % hd4;
+    // The first chunk's loads go out with the query's, in one round trip.
+    var k = chunk_keys(kv_base, kv, first, at, lane, end);
+    var v = chunk_values(kv_base, kv, first, vg, vd, end);
     if (lid < hd4) {
         let q_at = (t * p.q_stride + p.q_offset) / 4u + h * hd4;
         if (p.fresh != 0u) {
@@ -202,81 +271,80 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     }
     workgroupBarrier();
 
-    // This thread's share of the dots: position `at` of a chunk, quads lane, lane + LANES, ...
-    let at = lid / LANES;
-    let lane = lid % LANES;
-    // and of the output: quad vd over positions vg, vg + value_groups, ... (threads past the
-    // last whole group idle there).
-    let value_groups = WORKGROUP / hd4;
-    let vg = lid / hd4;
-    let vd = lid % hd4;
     var running_max = LOWEST;
-    var running_sum = 0.0;
+    var running_sum = 0.0; // over this thread's value positions
     var acc = vec4<f32>(0.0);
     for (var c0 = first; c0 < end; c0 += CHUNK) {
-        let at_pos = c0 + at;
         var dot = 0.0;
-        if (at_pos < end) {
-            let row = kv_base + at_pos * hd4;
-            for (var i = 0u; i < LANE_QUADS; i++) {
-                let d = lane + i * LANES;
-                if (d < hd4) {
-                    dot = dot_acc(dot, q_head[d], key_quad(row, kv, at_pos, d));
-                }
+        for (var i = 0u; i < LANE_QUADS; i++) {
+            let d = lane + i * LANES;
+            if (d < hd4) {
+                dot = dot_acc(dot, q_head[d], k[i]);
             }
         }
-        lanes[lid] = dot;
+        // A thread here has passed the previous chunk's second barrier, after every read of
+        // its lanes; the next chunk's keys load meanwhile.
+        lanes[at][lane] = dot;
+        let next = c0 + CHUNK;
+        if (next < end) {
+            k = chunk_keys(kv_base, kv, next, at, lane, end);
+        }
         workgroupBarrier();
-        var score = LOWEST;
+        // A thread here has passed this chunk's first barrier, after every read of the
+        // previous chunk's scores.
         if (lid < CHUNK) {
+            let l = lanes[lid];
+            var score = LOWEST;
             if (c0 + lid < end) {
-                var sum = 0.0;
-                for (var l = 0u; l < LANES; l++) {
-                    sum += lanes[lid * LANES + l];
-                }
-                score = sum * p.scale;
+                score = (((l.x + l.y) + l.z) + l.w) * p.scale;
             }
-            partial[lid] = score;
+            scores[lid / 4u][lid % 4u] = score;
         }
-        let new_max = max(running_max, reduce(lid, true));
-        if (lid < CHUNK) {
-            var e = 0.0;
-            if (c0 + lid < end) {
-                e = exp(score - new_max);
-            }
-            probs[lid] = e;
-            partial[lid] = e;
+        workgroupBarrier();
+        // Positions past the end score LOWEST: they never raise the max.
+        var chunk_max = running_max;
+        for (var j = 0u; j < CHUNK / 4u; j++) {
+            let s4 = scores[j];
+            chunk_max = max(chunk_max, max(max(s4.x, s4.y), max(s4.z, s4.w)));
         }
-        let chunk_sum = reduce(lid, false); // its barriers also publish `probs`
-        let rescale = exp(running_max - new_max);
-        running_sum = running_sum * rescale + chunk_sum;
-        running_max = new_max;
+        let rescale = exp(running_max - chunk_max);
+        running_max = chunk_max;
+        var a = acc * rescale;
+        var sum = running_sum * rescale;
+        let n = min(CHUNK, end - c0);
         if (vg < value_groups) {
-            let n = min(CHUNK, end - c0);
-            var a = acc * rescale;
             for (var i = 0u; i < GROUP_POSITIONS; i++) {
                 let j = vg + i * value_groups;
                 if (j < n) {
-                    let v = value_quad(kv_base + (c0 + j) * hd4, kv, c0 + j, vd);
-                    a = fma(vec4<f32>(probs[j]), v, a);
+                    let e = exp(scores[j / 4u][j % 4u] - chunk_max);
+                    sum += e;
+                    a = fma(vec4<f32>(e), v[i], a);
                 }
             }
-            acc = a;
         }
-        // `lanes` and `probs` are rewritten by the next chunk.
-        workgroupBarrier();
+        acc = a;
+        running_sum = sum;
+        if (next < end) {
+            v = chunk_values(kv_base, kv, next, vg, vd, end);
+        }
     }
     outs[lid] = acc;
+    sums[lid] = running_sum;
     workgroupBarrier();
     let slot = head * p.n_splits + split;
     if (lid == 0u) {
-        partials[p.stats_offset + slot] = vec4<f32>(running_max, running_sum, 0.0, 0.0);
+        // Each value group's sum once (all its threads hold it).
+        var total = 0.0;
+        for (var g = 0u; g < value_groups; g++) {
+            total += sums[g * hd4];
+        }
+        partials[p.stats_offset + slot] = vec4<f32>(running_max, total, 0.0, 0.0);
     }
     if (lid < hd4) {
-        var sum = vec4<f32>(0.0);
+        var out = vec4<f32>(0.0);
         for (var g = 0u; g < value_groups; g++) {
-            sum += outs[g * hd4 + lid];
+            out += outs[g * hd4 + lid];
         }
-        partials[slot * hd4 + lid] = sum;
+        partials[slot * hd4 + lid] = out;
     }
 }

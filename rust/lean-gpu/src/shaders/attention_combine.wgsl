@@ -1,16 +1,18 @@
 // Second pass of attention (see attention.wgsl): for each (token, head), the partials of the
 // splits the token saw are merged — rescaled to the overall max, summed, divided by the total
-// softmax sum. One workgroup per (token, head): a thread per split finds the weights, then each
-// group of head_dim / 4 threads sums every groups-th split, a vec4 of dimensions per thread, all
-// its loads issued at once (a loop of fixed count, guarded: latency, not bandwidth, is its cost).
+// softmax sum. One workgroup per (token, head); each group of head_dim / 4 threads takes every
+// split_groups-th split, a vec4 of dimensions per thread. Built for latency: every thread issues
+// its partials' loads at once (a loop of fixed count, guarded), with a thread per split loading
+// its (max, sum); one barrier publishes those, each thread then reads them all (broadcast reads,
+// no tree of barriers), and one more meets the groups' sums.
 
 struct Params {
     n_heads: u32,
     head_dim: u32,
     n_tokens: u32,
     n_splits: u32,
-    split_len: u32,
     stats_offset: u32, // vec4s: where the splits' (max, sum) start in `partials`
+    capacity: u32,
     _pad0: u32,
     _pad1: u32,
 }
@@ -30,33 +32,18 @@ struct Step {
 const WORKGROUP: u32 = 256u;
 // At most this many splits (kernels.rs: ATTENTION_SPLITS_PER_HEAD).
 const MAX_SPLITS: u32 = 64u;
+// Set per pipeline as in attention.wgsl (64, 128 or 256), sizing the register array.
 const MAX_HEAD_DIM: u32 = 256u;
 // Splits a group of threads takes at most (there are at least WORKGROUP / (MAX_HEAD_DIM / 4)
 // groups).
 const GROUP_SPLITS: u32 = MAX_SPLITS / (WORKGROUP / (MAX_HEAD_DIM / 4u));
+// attention.wgsl's CHUNK.
+const CHUNK: u32 = 64u;
+const LOWEST: f32 = -3.4028234e38;
 
-// Per split: its weight exp(max_s - overall max).
-var<workgroup> weights: array<f32, MAX_SPLITS>;
-var<workgroup> partial: array<f32, MAX_SPLITS>;
+// Per split: its (max, sum).
+var<workgroup> stats: array<vec2<f32>, MAX_SPLITS>;
 var<workgroup> outs: array<vec4<f32>, WORKGROUP>;
-
-// Tree reduction of `partial` by max (is_max) or sum; every thread gets the result.
-fn reduce(lid: u32, is_max: bool) -> f32 {
-    workgroupBarrier();
-    for (var s = MAX_SPLITS / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            if (is_max) {
-                partial[lid] = max(partial[lid], partial[lid + s]);
-            } else {
-                partial[lid] += partial[lid + s];
-            }
-        }
-        workgroupBarrier();
-    }
-    let result = partial[0];
-    workgroupBarrier();
-    return result;
-}
 
 @compute @workgroup_size(WORKGROUP)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
@@ -68,42 +55,52 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
         return;
     }
     let hd4 = p.head_dim / 4u;
-    let len = step.pos0 + t + 1u;
-    let used = (len + p.split_len - 1u) / p.split_len;
+    // attention.wgsl's clamp and split_length
+    let len = min(step.pos0 + t + 1u, p.capacity);
+    let span = p.n_splits * CHUNK;
+    let split_len = (len + span - 1u) / span * CHUNK;
+    let used = (len + split_len - 1u) / split_len;
     let first = (t * p.n_heads + h) * p.n_splits;
-    // Thread s < used holds split s's max and sum.
-    var stats = vec4<f32>(-3.4028234e38, 0.0, 0.0, 0.0);
-    if (lid < used) {
-        stats = partials[p.stats_offset + first + lid];
-    }
-    if (lid < MAX_SPLITS) {
-        partial[lid] = stats.x;
-    }
-    let overall_max = reduce(lid, true);
-    var scale = 0.0;
-    if (lid < used) {
-        scale = exp(stats.x - overall_max);
-    }
-    if (lid < MAX_SPLITS) {
-        partial[lid] = stats.y * scale;
-        weights[lid] = scale;
-    }
-    let total = reduce(lid, false); // its barriers also publish `weights`
     let split_groups = WORKGROUP / hd4;
     let g = lid / hd4;
     let d = lid % hd4;
+    var parts: array<vec4<f32>, GROUP_SPLITS>;
+    if (g < split_groups) {
+        for (var i = 0u; i < GROUP_SPLITS; i++) {
+            let s = g + i * split_groups;
+            if (s < used) {
+                parts[i] = partials[(first + s) * hd4 + d];
+            }
+        }
+    }
+    if (lid < MAX_SPLITS) {
+        var st = vec2<f32>(LOWEST, 0.0);
+        if (lid < used) {
+            st = partials[p.stats_offset + first + lid].xy;
+        }
+        stats[lid] = st;
+    }
+    workgroupBarrier();
+    var overall_max = LOWEST;
+    for (var s = 0u; s < used; s++) {
+        overall_max = max(overall_max, stats[s].x);
+    }
     var acc = vec4<f32>(0.0);
     if (g < split_groups) {
         for (var i = 0u; i < GROUP_SPLITS; i++) {
             let s = g + i * split_groups;
             if (s < used) {
-                acc = fma(vec4<f32>(weights[s]), partials[(first + s) * hd4 + d], acc);
+                acc = fma(vec4<f32>(exp(stats[s].x - overall_max)), parts[i], acc);
             }
         }
     }
     outs[lid] = acc;
     workgroupBarrier();
     if (lid < hd4) {
+        var total = 0.0;
+        for (var s = 0u; s < used; s++) {
+            total += stats[s].y * exp(stats[s].x - overall_max);
+        }
         var sum = vec4<f32>(0.0);
         for (var k = 0u; k < split_groups; k++) {
             sum += outs[k * hd4 + lid];
