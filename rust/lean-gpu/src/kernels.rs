@@ -692,8 +692,13 @@ fn attention_pipeline(
     source: &str,
     max_head_dim: usize,
 ) -> wgpu::ComputePipeline {
+    const DECLARED: &str = "const MAX_HEAD_DIM: u32 = 256u;";
+    debug_assert!(
+        source.contains(DECLARED),
+        "{name} declares MAX_HEAD_DIM otherwise"
+    );
     let source = source.replace(
-        "const MAX_HEAD_DIM: u32 = 256u;",
+        DECLARED,
         &format!("const MAX_HEAD_DIM: u32 = {max_head_dim}u;"),
     );
     let label = format!("{name}_{max_head_dim}");

@@ -135,23 +135,17 @@ fn rotated(head: u32, d: u32, pos: u32) -> vec4<f32> {
     return x * cs + other * sn;
 }
 
-// Quad d of kv head `kv`'s key at position pos (its first quad in the cache: `row`): from the
-// cache, or (fresh, a step's token) rotated from qkv.
-fn key_quad(row: u32, kv: u32, pos: u32, d: u32) -> vec4<f32> {
-    if (p.fresh != 0u && pos >= step.pos0) {
-        let hd4 = p.head_dim / 4u;
-        return rotated(((pos - step.pos0) * p.q_stride + p.k_offset) / 4u + kv * hd4, d, pos);
-    }
-    return keys[row + d];
+// Quad d of kv head `kv`'s key at the step's position pos (fresh): from its token's qkv row,
+// rotated.
+fn fresh_key(kv: u32, pos: u32, d: u32) -> vec4<f32> {
+    let hd4 = p.head_dim / 4u;
+    return rotated(((pos - step.pos0) * p.q_stride + p.k_offset) / 4u + kv * hd4, d, pos);
 }
 
-// Quad d of kv head `kv`'s value at position pos (its first quad in the cache: `row`).
-fn value_quad(row: u32, kv: u32, pos: u32, d: u32) -> vec4<f32> {
-    if (p.fresh != 0u && pos >= step.pos0) {
-        let hd4 = p.head_dim / 4u;
-        return qkv[((pos - step.pos0) * p.q_stride + p.v_offset) / 4u + kv * hd4 + d];
-    }
-    return vals[row + d];
+// Quad d of kv head `kv`'s value at the step's position pos (fresh): from its token's qkv row.
+fn fresh_value(kv: u32, pos: u32, d: u32) -> vec4<f32> {
+    let hd4 = p.head_dim / 4u;
+    return qkv[((pos - step.pos0) * p.q_stride + p.v_offset) / 4u + kv * hd4 + d];
 }
 
 // acc + dot(a, b), as four chained fused multiply-adds.
@@ -176,11 +170,10 @@ fn chunk_keys(kv_base: u32, kv: u32, c0: u32, at: u32, lane: u32, end: u32)
             }
         }
         if (p.fresh != 0u && at_pos >= step.pos0) {
-            let head = ((at_pos - step.pos0) * p.q_stride + p.k_offset) / 4u + kv * hd4;
             for (var i = 0u; i < LANE_QUADS; i++) {
                 let d = lane + i * LANES;
                 if (d < hd4) {
-                    k[i] = rotated(head, d, at_pos);
+                    k[i] = fresh_key(kv, at_pos, d);
                 }
             }
         }
@@ -209,7 +202,7 @@ fn chunk_values(kv_base: u32, kv: u32, c0: u32, vg: u32, vd: u32, end: u32)
             for (var i = 0u; i < GROUP_POSITIONS; i++) {
                 let at_pos = c0 + vg + i * value_groups;
                 if (at_pos < chunk_end && at_pos >= step.pos0) {
-                    v[i] = value_quad(0u, kv, at_pos, vd);
+                    v[i] = fresh_value(kv, at_pos, vd);
                 }
             }
         }
@@ -262,8 +255,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
             // The token's own key and value go to the cache once: from its kv head's first
             // query head, the split holding its position.
             if (h % group_size == 0u && end == len) {
-                keys[kv_base + pos * hd4 + lid] = key_quad(0u, kv, pos, lid);
-                vals[kv_base + pos * hd4 + lid] = value_quad(0u, kv, pos, lid);
+                keys[kv_base + pos * hd4 + lid] = fresh_key(kv, pos, lid);
+                vals[kv_base + pos * hd4 + lid] = fresh_value(kv, pos, lid);
             }
         } else {
             q_head[lid] = qkv[q_at + lid];
