@@ -13,7 +13,7 @@
 //! `RowField`, so separate ones fill the same rows), bound by memory bandwidth: weights of the
 //! common types are repacked at upload into planes of a word per 8-element slice (weights.rs);
 //! neighbouring threads take neighbouring slices, so their loads of weights and activations
-//! are contiguous, and each thread dots its slice of x with the workgroup's 2 rows. The threads
+//! are contiguous, and each thread dots its slice of x with the workgroup's 4 rows. The threads
 //! sum their partial dots in workgroup memory (matvec_workgroup.wgsl), or, when asked for, with
 //! subgroupAdd (matvec_subgroup.wgsl).
 //!
@@ -101,8 +101,10 @@ fn matmul_split(groups: usize, cols: usize, max_splits: usize) -> (usize, usize)
 }
 
 /// Rows each matvec thread dots its slices with, and so rows per workgroup (matvec.wgsl:
-/// ROWS_PER_THREAD). 4 was slower on an H200 (the 2048 × 11008 down projection: 12.6 -> 16.2 µs).
-const MATVEC_ROWS_PER_THREAD: usize = 2;
+/// ROWS_PER_THREAD). On an H200, 4 against 2 made decode 7% faster (x and a fused norm's
+/// weights are read once per 4 rows), given 512-thread workgroups for long rows (with at most
+/// 256 the 2048 × 11008 down projection took 16.2 instead of 12.6 µs); 8 was 8% slower than 2.
+const MATVEC_ROWS_PER_THREAD: usize = 4;
 /// Threads per workgroup of the element-wise kernels (rope_kv_store, silu_mul, add).
 const ELEMENTWISE_GROUP: u32 = 64;
 
@@ -125,19 +127,23 @@ pub fn matvec_supports(ty: TensorType) -> bool {
 /// Threads of a matvec dispatch that keep the device busy (about a thousand per multiprocessor
 /// of a large GPU): below this, a workgroup's rows get more threads.
 const MATVEC_TARGET_THREADS: usize = 1 << 17;
-/// The matvec workgroup sizes (matvec.wgsl: WORKGROUP), one pipeline each.
-const MATVEC_WORKGROUP_SIZES: [usize; 3] = [64, 128, 256];
+/// The matvec workgroup sizes (matvec.wgsl: WORKGROUP), one pipeline each. 512 only with the
+/// subgroup reduction (matvec_workgroup.wgsl's tree arrays hold 256) on devices that allow it.
+const MATVEC_WORKGROUP_SIZES: [usize; 4] = [64, 128, 256, 512];
+/// The largest workgroup of the tree reduction (matvec_workgroup.wgsl's arrays).
+const MATVEC_TREE_MAX_WORKGROUP: usize = 256;
 
-/// Index in MATVEC_WORKGROUP_SIZES of the threads that split a row's `slices` among them in a
-/// matvec of `workgroups` workgroups: enough for about 4 slices each (each thread pays for the
-/// reduction once), more while the device is short of threads, at most one per slice.
-fn matvec_size_index(slices: usize, workgroups: usize) -> usize {
+/// Index in MATVEC_WORKGROUP_SIZES (below `sizes`) of the threads that split a row's `slices`
+/// among them in a matvec of `workgroups` workgroups: enough for about 4 slices each (each
+/// thread pays for the reduction once), more while the device is short of threads, at most
+/// one per slice.
+fn matvec_size_index(slices: usize, workgroups: usize, sizes: usize) -> usize {
     let most = slices.next_power_of_two();
-    let mut i = MATVEC_WORKGROUP_SIZES
+    let mut i = MATVEC_WORKGROUP_SIZES[..sizes]
         .iter()
         .position(|&n| n >= slices / 4)
-        .unwrap_or(MATVEC_WORKGROUP_SIZES.len() - 1);
-    while i + 1 < MATVEC_WORKGROUP_SIZES.len()
+        .unwrap_or(sizes - 1);
+    while i + 1 < sizes
         && MATVEC_WORKGROUP_SIZES[i] < most
         && workgroups * MATVEC_WORKGROUP_SIZES[i] < MATVEC_TARGET_THREADS
     {
@@ -494,6 +500,8 @@ pub fn rope_cos_sin(
 struct MatvecShaders {
     modules: Vec<(TensorType, wgpu::ShaderModule)>,
     pipelines: std::sync::Mutex<MatvecPipelines>,
+    /// How many of MATVEC_WORKGROUP_SIZES the pipelines may use.
+    sizes: usize,
 }
 
 /// A matvec pipeline: (type, index in MATVEC_WORKGROUP_SIZES, fusions: matvec.wgsl's NORM,
@@ -501,7 +509,16 @@ struct MatvecShaders {
 type MatvecPipelines = std::collections::HashMap<(TensorType, usize, u8), wgpu::ComputePipeline>;
 
 impl MatvecShaders {
-    fn new(ctx: &GpuContext, name: &str, source: impl Fn(&str) -> String) -> Self {
+    /// The shaders of every type, with workgroups of at most `largest` threads (and at most
+    /// what the device allows).
+    fn new(ctx: &GpuContext, name: &str, largest: usize, source: impl Fn(&str) -> String) -> Self {
+        let largest = largest.min(ctx.limits().max_compute_invocations_per_workgroup as usize);
+        // WebGPU guarantees 256 invocations, so at least the smallest size fits.
+        let sizes = MATVEC_WORKGROUP_SIZES
+            .iter()
+            .filter(|&&n| n <= largest)
+            .count()
+            .max(1);
         let modules = MATVEC_TYPES
             .iter()
             .map(|&(ty, block)| {
@@ -513,6 +530,7 @@ impl MatvecShaders {
         MatvecShaders {
             modules,
             pipelines: Default::default(),
+            sizes,
         }
     }
 
@@ -630,8 +648,12 @@ unsafe fn trusted_module(ctx: &GpuContext, label: &str, source: &str) -> wgpu::S
 /// - a norm's weights are read as vec4 2s and 2s + 1 for slices s below `row_slices()`, so
 ///   below 8 × slices f32, which the bound buffer holds (checked; the weight part stands in
 ///   when there is no norm, and is never read as one); up likewise from up_offset (checked);
-/// - the workgroup arrays (256 entries) are indexed below WORKGROUP (at most 256)
-///   or by subgroup, below num_subgroups (at most WORKGROUP);
+/// - the tree reduction's arrays (256 entries) are indexed below WORKGROUP, at most
+///   MATVEC_TREE_MAX_WORKGROUP = 256 for that reduction; the subgroup reduction's (128) by
+///   subgroup, below num_subgroups: WORKGROUP is at most 512 and a subgroup has at least 4
+///   invocations (wgpu's MINIMUM_SUBGROUP_MIN_SIZE), so at most 128 of them;
+/// - a Partial's quads are indexed below QUADS = ROWS_PER_THREAD / 4 (loops over k < QUADS,
+///   rows i < ROWS_PER_THREAD at i / 4, pairs k < ROWS_PER_THREAD / 2 at k / 2);
 /// - every loop steps by at least 1 toward a fixed bound, and the only divisions are by
 ///   constants.
 ///
@@ -827,13 +849,19 @@ impl Kernels {
                 })
                 .collect::<Vec<_>>()
         };
-        let matvec_per_type = |name: &str, header: &str, reduction: &str| {
+        let matvec_per_type = |name: &str, header: &str, reduction: &str, largest: usize| {
             let skeleton = format!("{MATVEC}\n{reduction}");
-            MatvecShaders::new(ctx, name, |block| source(header, block, &skeleton))
+            MatvecShaders::new(ctx, name, largest, |block| source(header, block, &skeleton))
         };
-        let matvec = matvec_per_type("matvec", "", MATVEC_WORKGROUP);
-        let matvec_subgroup = subgroups
-            .then(|| matvec_per_type("matvec_subgroup", SUBGROUPS_DIRECTIVE, MATVEC_SUBGROUP));
+        let matvec = matvec_per_type("matvec", "", MATVEC_WORKGROUP, MATVEC_TREE_MAX_WORKGROUP);
+        let matvec_subgroup = subgroups.then(|| {
+            matvec_per_type(
+                "matvec_subgroup",
+                SUBGROUPS_DIRECTIVE,
+                MATVEC_SUBGROUP,
+                usize::MAX,
+            )
+        });
         let kernels = Kernels {
             matvec,
             matvec_subgroup,
@@ -1015,8 +1043,8 @@ impl Kernels {
         }
         // Workgroups of the first part, the largest: parts are dispatched one after another.
         let workgroups = m.parts()[0].rows.div_ceil(MATVEC_ROWS_PER_THREAD);
-        let size = matvec_size_index(m.slices(), workgroups);
         let shaders = self.matvec_subgroup.as_ref().unwrap_or(&self.matvec);
+        let size = matvec_size_index(m.slices(), workgroups, shaders.sizes);
         let fusions = extras.norm.is_some() as u8
             | (extras.silu_up.is_some() as u8) << 1
             | (extras.swiglu as u8) << 2;

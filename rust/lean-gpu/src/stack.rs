@@ -30,8 +30,8 @@ pub(crate) fn runs(members: &[(TensorType, usize)]) -> Vec<Range<usize>> {
 }
 
 /// Whether a stack of the tensors `names` (a whole run, stacking order) goes to the device with
-/// its rows interleaved: gate|up as [gate_0, up_0, gate_1, up_1, ...], so that the two rows a
-/// decode matvec workgroup owns are a gate row and its up row and it writes silu(gate) · up
+/// its rows interleaved: gate|up as [gate_0, up_0, gate_1, up_1, ...], so that the rows a
+/// decode matvec workgroup owns are whole (gate row, up row) pairs and it writes silu(gate) · up
 /// itself (SwiGLU fused in: the down projection reads the activation, not [gate | up]).
 pub(crate) fn interleaves(names: &[&str]) -> bool {
     matches!(names, [gate, up] if gate.ends_with(".ffn_gate.weight") && up.ends_with(".ffn_up.weight"))

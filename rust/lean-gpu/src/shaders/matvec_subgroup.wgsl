@@ -3,7 +3,9 @@
 // threads of a workgroup work on the same rows, so this holds however the device forms
 // subgroups (of any size, full or not).
 
-var<workgroup> partial: array<vec4<f32>, 256>; // a subgroup has at least one invocation
+// A subgroup has at least 4 invocations (wgpu's and WebGPU's minimum) and WORKGROUP is at most
+// 512: at most 128 subgroups.
+var<workgroup> partial: array<Partial, 128>;
 
 @compute @workgroup_size(WORKGROUP)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
@@ -15,16 +17,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     if (group * ROWS_PER_THREAD >= p.rows) {
         return;
     }
-    let sum = subgroupAdd(partial_dots(group, lid));
-    // The subgroup's first active invocation writes its sum.
+    var sums = partial_dots(group, lid);
+    for (var k = 0u; k < QUADS; k++) {
+        sums.dots[k] = subgroupAdd(sums.dots[k]);
+    }
+    if (NORM) {
+        sums.squares = subgroupAdd(sums.squares);
+    }
+    // The subgroup's first active invocation writes its sums.
     if (sg_lane == subgroupBroadcastFirst(sg_lane)) {
-        partial[sg] = sum;
+        partial[sg] = sums;
     }
     workgroupBarrier();
     if (lid == 0u) {
-        var total = vec4<f32>(0.0);
-        for (var i = 0u; i < subgroups; i++) {
-            total += partial[i];
+        var total = partial[0];
+        for (var i = 1u; i < subgroups; i++) {
+            for (var k = 0u; k < QUADS; k++) {
+                total.dots[k] += partial[i].dots[k];
+            }
+            total.squares += partial[i].squares;
         }
         store_rows(group, total);
     }

@@ -1,7 +1,9 @@
 // The matvec's reduction in core WGSL (no subgroups, e.g. Firefox's WebGPU): a tree over the
 // workgroup's threads in workgroup memory, one barrier per halving.
 
-var<workgroup> partial: array<vec4<f32>, 256>; // the largest WORKGROUP
+// Sized for the largest WORKGROUP of this reduction (kernels.rs: 256).
+var<workgroup> tree_dots: array<array<vec4<f32>, QUADS>, 256>;
+var<workgroup> tree_squares: array<f32, 256>;
 
 @compute @workgroup_size(WORKGROUP)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
@@ -12,15 +14,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     if (group * ROWS_PER_THREAD >= p.rows) {
         return;
     }
-    partial[lid] = partial_dots(group, lid);
+    let sums = partial_dots(group, lid);
+    tree_dots[lid] = sums.dots;
+    tree_squares[lid] = sums.squares;
     for (var s = WORKGROUP / 2u; s > 0u; s >>= 1u) {
         workgroupBarrier();
         if (lid < s) {
-            partial[lid] += partial[lid + s];
+            for (var k = 0u; k < QUADS; k++) {
+                tree_dots[lid][k] += tree_dots[lid + s][k];
+            }
+            tree_squares[lid] += tree_squares[lid + s];
         }
     }
-    // Thread 0 wrote the final sum itself: no barrier needed before reading it.
+    // Thread 0 wrote the final sums itself: no barrier needed before reading them.
     if (lid == 0u) {
-        store_rows(group, partial[0]);
+        store_rows(group, Partial(tree_dots[0], tree_squares[0]));
     }
 }
