@@ -132,6 +132,13 @@ const MATVEC_TARGET_THREADS: usize = 1 << 17;
 const MATVEC_WORKGROUP_SIZES: [usize; 4] = [64, 128, 256, 512];
 /// The largest workgroup of the tree reduction (matvec_workgroup.wgsl's arrays).
 const MATVEC_TREE_MAX_WORKGROUP: usize = 256;
+/// Entries of matvec_subgroup.wgsl's array, one per subgroup: enough for the largest workgroup
+/// in subgroups of wgpu's smallest size.
+const MATVEC_SUBGROUP_SLOTS: usize = 128;
+const _: () = assert!(
+    MATVEC_WORKGROUP_SIZES[MATVEC_WORKGROUP_SIZES.len() - 1]
+        <= MATVEC_SUBGROUP_SLOTS * wgpu::MINIMUM_SUBGROUP_MIN_SIZE as usize
+);
 
 /// Index in MATVEC_WORKGROUP_SIZES (below `sizes`) of the threads that split a row's `slices`
 /// among them in a matvec of `workgroups` workgroups: enough for about 4 slices each (each
@@ -1683,5 +1690,25 @@ impl Kernels {
             &[result],
             1,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matvec_workgroups_grow_with_rows_and_stop_at_the_allowed_size() {
+        let size = |slices, rows: usize, sizes| {
+            let i = matvec_size_index(slices, rows.div_ceil(MATVEC_ROWS_PER_THREAD), sizes);
+            MATVEC_WORKGROUP_SIZES[i]
+        };
+        // 2048 columns (256 slices), 11008 rows: many workgroups, 4 slices a thread
+        assert_eq!(size(256, 11008, 4), 64);
+        // the down projection, 2048 rows of 11008 columns: few workgroups, long rows
+        assert_eq!(size(1376, 2048, 4), 512);
+        assert_eq!(size(1376, 2048, 3), 256);
+        // never more threads than slices (a 32-column matrix has 4)
+        assert_eq!(size(4, 1, 4), 64);
     }
 }

@@ -4,7 +4,7 @@
 // subgroups (of any size, full or not).
 
 // A subgroup has at least 4 invocations (wgpu's and WebGPU's minimum) and WORKGROUP is at most
-// 512: at most 128 subgroups.
+// 512: at most 128 subgroups (kernels.rs: MATVEC_SUBGROUP_SLOTS).
 var<workgroup> partial: array<Partial, 128>;
 
 @compute @workgroup_size(WORKGROUP)
