@@ -641,6 +641,7 @@ fn matvec_fuses_silu_mul() {
         (TensorType::Q4_0, 45, 96, 20, 0),
         (TensorType::Q6_K, 33, 512, 33, 8),
         (TensorType::F32, 7, 1000, 3, 4),
+        (TensorType::Q4_0, 5, 11008, 5, 0),
     ] {
         let w = random_matrix(&mut rng, ty, rows, cols);
         let part = (ty.row_bytes(cols).unwrap() * part_rows) as u64;
@@ -690,6 +691,8 @@ fn matvec_fuses_swiglu() {
             (TensorType::Q4_0, 23, 96, 9),
             (TensorType::Q8_0, 40, 64, 80),
             (TensorType::F32, 5, 70, 3),
+            // long rows, few workgroups: the largest workgroups (512 threads with subgroups)
+            (TensorType::Q4_0, 3, 4864, 6),
         ] {
             let rows = 2 * pairs;
             let w = random_matrix(&mut rng, ty, rows, cols);
