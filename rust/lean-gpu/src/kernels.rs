@@ -105,6 +105,8 @@ fn matmul_split(groups: usize, cols: usize, max_splits: usize) -> (usize, usize)
 /// weights are read once per 4 rows), given 512-thread workgroups for long rows (with at most
 /// 256 the 2048 × 11008 down projection took 16.2 instead of 12.6 µs); 8 was 8% slower than 2.
 const MATVEC_ROWS_PER_THREAD: usize = 4;
+// matvec.wgsl keeps the rows in quads (vec4 sums).
+const _: () = assert!(MATVEC_ROWS_PER_THREAD.is_multiple_of(4));
 /// Threads per workgroup of the element-wise kernels (rope_kv_store, silu_mul, add).
 const ELEMENTWISE_GROUP: u32 = 64;
 
@@ -139,6 +141,15 @@ const _: () = assert!(
     MATVEC_WORKGROUP_SIZES[MATVEC_WORKGROUP_SIZES.len() - 1]
         <= MATVEC_SUBGROUP_SLOTS * wgpu::MINIMUM_SUBGROUP_MIN_SIZE as usize
 );
+
+/// The constants matvec.wgsl and its reductions take from here, as WGSL (prepended).
+fn matvec_constants() -> String {
+    format!(
+        "const ROWS_PER_THREAD: u32 = {MATVEC_ROWS_PER_THREAD}u;\n\
+         const TREE_SLOTS: u32 = {MATVEC_TREE_MAX_WORKGROUP}u;\n\
+         const SUBGROUP_SLOTS: u32 = {MATVEC_SUBGROUP_SLOTS}u;\n"
+    )
+}
 
 /// Index in MATVEC_WORKGROUP_SIZES (below `sizes`) of the threads that split a row's `slices`
 /// among them in a matvec of `workgroups` workgroups: enough for about 4 slices each (each
@@ -655,10 +666,11 @@ unsafe fn trusted_module(ctx: &GpuContext, label: &str, source: &str) -> wgpu::S
 /// - a norm's weights are read as vec4 2s and 2s + 1 for slices s below `row_slices()`, so
 ///   below 8 × slices f32, which the bound buffer holds (checked; the weight part stands in
 ///   when there is no norm, and is never read as one); up likewise from up_offset (checked);
-/// - the tree reduction's arrays (256 entries) are indexed below WORKGROUP, at most
-///   MATVEC_TREE_MAX_WORKGROUP = 256 for that reduction; the subgroup reduction's (128) by
-///   subgroup, below num_subgroups: WORKGROUP is at most 512 and a subgroup has at least 4
-///   invocations (wgpu's MINIMUM_SUBGROUP_MIN_SIZE), so at most 128 of them;
+/// - the tree reduction's arrays (TREE_SLOTS = MATVEC_TREE_MAX_WORKGROUP entries) are indexed
+///   below WORKGROUP, at most that for this reduction; the subgroup reduction's
+///   (SUBGROUP_SLOTS = MATVEC_SUBGROUP_SLOTS) by subgroup, below num_subgroups: a subgroup has
+///   at least wgpu's MINIMUM_SUBGROUP_MIN_SIZE invocations, and the const assert above makes
+///   the slots enough for the largest WORKGROUP;
 /// - a Partial's quads are indexed below QUADS = ROWS_PER_THREAD / 4 (loops over k < QUADS,
 ///   rows i < ROWS_PER_THREAD at i / 4, pairs k < ROWS_PER_THREAD / 2 at k / 2);
 /// - every loop steps by at least 1 toward a fixed bound, and the only divisions are by
@@ -857,7 +869,7 @@ impl Kernels {
                 .collect::<Vec<_>>()
         };
         let matvec_per_type = |name: &str, header: &str, reduction: &str, largest: usize| {
-            let skeleton = format!("{MATVEC}\n{reduction}");
+            let skeleton = format!("{}{MATVEC}\n{reduction}", matvec_constants());
             MatvecShaders::new(ctx, name, largest, |block| source(header, block, &skeleton))
         };
         let matvec = matvec_per_type("matvec", "", MATVEC_WORKGROUP, MATVEC_TREE_MAX_WORKGROUP);

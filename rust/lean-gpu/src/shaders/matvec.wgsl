@@ -63,8 +63,8 @@ override NORM: bool = false;
 override SILU: bool = false;
 // The rows are (gate, up) pairs: y[pair] = silu(gate) * up.
 override SWIGLU: bool = false;
-// Rows a thread dots its slices with (kernels.rs: MATVEC_ROWS_PER_THREAD), in quads.
-const ROWS_PER_THREAD: u32 = 4u;
+// ROWS_PER_THREAD, rows a thread dots its slices with, and the reductions' array sizes
+// TREE_SLOTS and SUBGROUP_SLOTS are prepended by kernels.rs (matvec_constants); in quads:
 const QUADS: u32 = ROWS_PER_THREAD / 4u;
 
 // A thread's (or a reduction's) sums: the dots with the workgroup's rows, and x² (NORM).

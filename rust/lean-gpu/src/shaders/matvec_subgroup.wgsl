@@ -3,9 +3,9 @@
 // threads of a workgroup work on the same rows, so this holds however the device forms
 // subgroups (of any size, full or not).
 
-// A subgroup has at least 4 invocations (wgpu's and WebGPU's minimum) and WORKGROUP is at most
-// 512: at most 128 subgroups (kernels.rs: MATVEC_SUBGROUP_SLOTS).
-var<workgroup> partial: array<Partial, 128>;
+// A subgroup has at least 4 invocations (wgpu's and WebGPU's minimum): SUBGROUP_SLOTS holds
+// the subgroups of the largest WORKGROUP (kernels.rs checks).
+var<workgroup> partial: array<Partial, SUBGROUP_SLOTS>;
 
 @compute @workgroup_size(WORKGROUP)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,

@@ -1,9 +1,9 @@
 // The matvec's reduction in core WGSL (no subgroups, e.g. Firefox's WebGPU): a tree over the
 // workgroup's threads in workgroup memory, one barrier per halving.
 
-// Sized for the largest WORKGROUP of this reduction (kernels.rs: 256).
-var<workgroup> tree_dots: array<array<vec4<f32>, QUADS>, 256>;
-var<workgroup> tree_squares: array<f32, 256>;
+// Sized for the largest WORKGROUP of this reduction (TREE_SLOTS, kernels.rs).
+var<workgroup> tree_dots: array<array<vec4<f32>, QUADS>, TREE_SLOTS>;
+var<workgroup> tree_squares: array<f32, TREE_SLOTS>;
 
 @compute @workgroup_size(WORKGROUP)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
