@@ -23,7 +23,7 @@
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
 use crate::plan::Plan;
-use crate::weights::{GpuMatrix, Layout};
+use crate::weights::{packs_row_quads, GpuMatrix, Layout, ROW_QUAD};
 use lean_gguf::TensorType;
 
 const BYTES: &str = include_str!("shaders/bytes.wgsl");
@@ -31,6 +31,7 @@ const UNITS: &str = include_str!("shaders/units.wgsl");
 const MATVEC: &str = include_str!("shaders/matvec.wgsl");
 const MATVEC_WORKGROUP: &str = include_str!("shaders/matvec_workgroup.wgsl");
 const MATVEC_SUBGROUP: &str = include_str!("shaders/matvec_subgroup.wgsl");
+const MATVEC_ROW_BY_ROW: &str = include_str!("shaders/matvec_row_by_row.wgsl");
 const MATMUL: &str = include_str!("shaders/matmul.wgsl");
 const MATMUL_REDUCE: &str = include_str!("shaders/matmul_reduce.wgsl");
 const EMBED: &str = include_str!("shaders/embed.wgsl");
@@ -105,8 +106,9 @@ fn matmul_split(groups: usize, cols: usize, max_splits: usize) -> (usize, usize)
 /// weights are read once per 4 rows), given 512-thread workgroups for long rows (with at most
 /// 256 the 2048 × 11008 down projection took 16.2 instead of 12.6 µs); 8 was 8% slower than 2.
 const MATVEC_ROWS_PER_THREAD: usize = 4;
-// matvec.wgsl keeps the rows in quads (vec4 sums).
-const _: () = assert!(MATVEC_ROWS_PER_THREAD.is_multiple_of(4));
+// matvec.wgsl keeps the rows in quads (vec4 sums, quad_dot), which start where the row-quad
+// types' quads do.
+const _: () = assert!(MATVEC_ROWS_PER_THREAD.is_multiple_of(ROW_QUAD) && ROW_QUAD == 4);
 /// Threads per workgroup of the element-wise kernels (rope_kv_store, silu_mul, add).
 const ELEMENTWISE_GROUP: u32 = 64;
 
@@ -530,6 +532,14 @@ impl MatvecShaders {
     /// The shaders of every type, with workgroups of at most `largest` threads (and at most
     /// what the device allows).
     fn new(ctx: &GpuContext, name: &str, largest: usize, source: impl Fn(&str) -> String) -> Self {
+        // quad_dot: the row-quad types' snippets define it, the others get it per row.
+        let block_of = |ty: TensorType, block: &str| {
+            if packs_row_quads(ty) {
+                block.to_string()
+            } else {
+                format!("{block}\n{MATVEC_ROW_BY_ROW}")
+            }
+        };
         let largest = largest.min(ctx.limits().max_compute_invocations_per_workgroup as usize);
         // WebGPU guarantees 256 invocations, so at least the smallest size fits.
         let sizes = MATVEC_WORKGROUP_SIZES
@@ -542,7 +552,9 @@ impl MatvecShaders {
             .map(|&(ty, block)| {
                 let label = format!("{name}_{ty}");
                 // SAFETY: every index is in range and every loop ends (see matvec_module).
-                (ty, unsafe { matvec_module(ctx, &label, &source(block)) })
+                (ty, unsafe {
+                    matvec_module(ctx, &label, &source(&block_of(ty, block)))
+                })
             })
             .collect();
         MatvecShaders {
@@ -653,9 +665,12 @@ unsafe fn trusted_module(ctx: &GpuContext, label: &str, source: &str) -> wgpu::S
 ///
 /// Every access of matvec.wgsl, its reductions and the block snippets' slice_x/slice_dot is in
 /// range, from what `Kernels::matvec_into` checks and `GpuMatrix` builds:
-/// - weights: rows are clamped to `rows - 1` and slices run below `row_slices()`, so a slice's
-///   index is below the part's slices; weights.rs sizes each plane of a repacked part for all
-///   of them (its tests check the sizes), and GGUF-layout parts hold whole rows of whole
+/// - weights: slices run below `row_slices()`; rows are clamped to `rows - 1`
+///   (matvec_row_by_row.wgsl) or, for the row-quad types, read by quads below
+///   ceil(rows / 4), which weights.rs pads the part to (a workgroup's first row is a
+///   multiple of ROWS_PER_THREAD, itself of ROW_QUAD = 4); so a slice's index is below the part's slices,
+///   and weights.rs sizes each plane of a repacked part for all of them (its tests check the
+///   sizes and where each element lands), and GGUF-layout parts hold whole rows of whole
 ///   blocks, padded to 16 bytes, which covers load_u32's second word at a block's end;
 /// - x: slices cover `cols` elements (block types: whole units, read as vec4 below cols / 4;
 ///   F32 reads clamp to cols - 1), and `x` holds at least `cols` f32 (checked);

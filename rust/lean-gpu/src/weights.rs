@@ -7,6 +7,11 @@
 //! neighbouring slices, load neighbouring words (instead of shifting pairs of words out of 18-,
 //! 34- or 210-byte blocks), with scales in planes of their own. The other types stay exactly as
 //! in the GGUF file. A repacked part has the byte count of the file's rows (padded to 16).
+//!
+//! Q4_0 and Q8_0 interleave their planes by row quads (`packs_row_quads`): a matvec thread dots
+//! its slice with 4 consecutive rows (matvec.wgsl's ROWS_PER_THREAD), and finds the 4 rows'
+//! words of that slice, and their 4 scales, side by side: one 16-byte load and one 8-byte load
+//! instead of eight. Their parts are padded with zero rows to whole quads.
 //! Each type's WGSL snippet (shaders/quant_<type>.wgsl) reads the layout written here.
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
@@ -16,6 +21,30 @@ use lean_gguf::TensorType;
 const UNIT_LEN: usize = 32;
 /// Elements of a slice, the part of a row one matvec thread dots per step (units.wgsl).
 const SLICE_LEN: usize = 8;
+
+/// Rows whose words a row-quad plane keeps side by side (matvec.wgsl: ROWS_PER_THREAD).
+pub(crate) const ROW_QUAD: usize = 4;
+
+/// Whether `ty`'s planes are interleaved by row quads (see the module comment; the WGSL
+/// snippet then defines the matvec's quad_dot itself).
+pub(crate) fn packs_row_quads(ty: TensorType) -> bool {
+    matches!(ty, TensorType::Q4_0 | TensorType::Q8_0)
+}
+
+/// Rows a part of `rows` rows of `ty` holds on the device: whole quads where it packs them.
+fn device_rows(ty: TensorType, rows: usize) -> usize {
+    if packs_row_quads(ty) {
+        rows.next_multiple_of(ROW_QUAD)
+    } else {
+        rows
+    }
+}
+
+/// Index of item `i` of row `row` (`per_row` items a row) in a plane interleaved by row quads:
+/// the quad's rows' items i side by side (quant_q4_0.wgsl and quant_q8_0.wgsl: quad_at).
+fn quad_at(row: usize, i: usize, per_row: usize) -> usize {
+    ((row / ROW_QUAD) * per_row + i) * ROW_QUAD + row % ROW_QUAD
+}
 
 /// Where a part's arrays lie, as the WGSL snippets see it (units.wgsl: `Layout`).
 #[repr(C)]
@@ -57,7 +86,7 @@ fn device_row_bytes(ty: TensorType, cols: usize, row_bytes: usize) -> usize {
 
 /// Bytes of a part of `rows` rows on the device, padded to 16 (shaders read 16-byte words).
 fn part_bytes(ty: TensorType, rows: usize, cols: usize, row_bytes: usize) -> usize {
-    (rows * device_row_bytes(ty, cols, row_bytes))
+    (device_rows(ty, rows) * device_row_bytes(ty, cols, row_bytes))
         .next_multiple_of(16)
         .max(16)
 }
@@ -67,7 +96,7 @@ fn part_bytes(ty: TensorType, rows: usize, cols: usize, row_bytes: usize) -> usi
 fn layout(ty: TensorType, rows: usize, cols: usize, row_bytes: usize) -> Layout {
     let units_per_row = cols.div_ceil(UNIT_LEN);
     // Slices of the whole part: the planes after the first start after a word for each.
-    let slices = rows * units_per_row * (UNIT_LEN / SLICE_LEN);
+    let slices = device_rows(ty, rows) * units_per_row * (UNIT_LEN / SLICE_LEN);
     let regions = match ty {
         // f16 scales of the units
         TensorType::Q4_0 => [slices, 0, 0],
@@ -94,7 +123,12 @@ fn pack_part(ty: TensorType, cols: usize, data: &[u8]) -> Vec<u8> {
     let row_bytes = ty.row_bytes(cols).expect("checked at upload");
     let rows = data.len() / row_bytes;
     let mut out = vec![0u8; part_bytes(ty, rows, cols, row_bytes)];
-    let slices = rows * cols.div_ceil(UNIT_LEN) * (UNIT_LEN / SLICE_LEN);
+    let units = cols.div_ceil(UNIT_LEN);
+    let row_slices = units * (UNIT_LEN / SLICE_LEN);
+    let slices = device_rows(ty, rows) * row_slices;
+    // Block b's row, and the word index of its slice c (0..4) and of its scale, in quad planes.
+    let slice_word = |b: usize, c: usize| quad_at(b / units, 4 * (b % units) + c, row_slices);
+    let scale_at = |b: usize| quad_at(b / units, b % units, units);
     match ty {
         TensorType::F32 => {
             let stride = cols.next_multiple_of(UNIT_LEN) * 4;
@@ -106,29 +140,35 @@ fn pack_part(ty: TensorType, cols: usize, data: &[u8]) -> Vec<u8> {
             }
         }
         // Q4_0 blocks: f16 d, qs[16] with element e < 16 in the low nibble of qs[e], 16 + e in
-        // the high one.
+        // the high one. Row quads: a word per slice, then the f16 scales.
         TensorType::Q4_0 => {
             let (quants, scales) = out.split_at_mut(4 * slices);
             for (b, block) in data.chunks_exact(18).enumerate() {
                 let q = |e: usize| (block[2 + e % 16] >> (4 * (e / 16))) & 0x0F;
-                pack_nibble_slices(&mut quants[16 * b..16 * b + 16], q);
-                scales[2 * b..2 * b + 2].copy_from_slice(&block[..2]);
+                for (c, word) in nibble_slices(q).iter().enumerate() {
+                    let at = 4 * slice_word(b, c);
+                    quants[at..at + 4].copy_from_slice(word);
+                }
+                let at = 2 * scale_at(b);
+                scales[at..at + 2].copy_from_slice(&block[..2]);
             }
         }
         // Q8_0 blocks: f16 d, i8 qs[32]; bytes q + 128 (the shader turns bytes into floats
-        // without sign extension), words of elements 0..4 of each slice, then of 4..8.
+        // without sign extension). Row quads: words of elements 0..4 of each slice, then of
+        // 4..8, then the f16 scales.
         TensorType::Q8_0 => {
             let (first, rest) = out.split_at_mut(4 * slices);
             let (second, scales) = rest.split_at_mut(4 * slices);
             for (b, block) in data.chunks_exact(34).enumerate() {
                 for (c, q) in block[2..].chunks_exact(SLICE_LEN).enumerate() {
-                    let slice = 4 * b + c;
+                    let at = 4 * slice_word(b, c);
                     for j in 0..4 {
-                        first[4 * slice + j] = q[j] ^ 0x80;
-                        second[4 * slice + j] = q[4 + j] ^ 0x80;
+                        first[at + j] = q[j] ^ 0x80;
+                        second[at + j] = q[4 + j] ^ 0x80;
                     }
                 }
-                scales[2 * b..2 * b + 2].copy_from_slice(&block[..2]);
+                let at = 2 * scale_at(b);
+                scales[at..at + 2].copy_from_slice(&block[..2]);
             }
         }
         TensorType::Q6_K => pack_q6_k(data, slices, &mut out),
@@ -137,19 +177,15 @@ fn pack_part(ty: TensorType, cols: usize, data: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Writes 4-bit values `q(e)` of one unit (32 elements) as the unit's 4 slice words: byte j of
-/// slice c holds element 8c + j in its low nibble and 8c + 4 + j in its high one.
-fn pack_nibble_slices(words: &mut [u8], q: impl Fn(usize) -> u8) {
-    for c in 0..4 {
-        for j in 0..4 {
-            words[4 * c + j] = q(8 * c + j) | (q(8 * c + 4 + j) << 4);
-        }
-    }
+/// 4-bit values `q(e)` of one unit (32 elements) as the unit's 4 slice words: byte j of slice
+/// c holds element 8c + j in its low nibble and 8c + 4 + j in its high one.
+fn nibble_slices(q: impl Fn(usize) -> u8) -> [[u8; 4]; 4] {
+    std::array::from_fn(|c| std::array::from_fn(|j| q(8 * c + j) | (q(8 * c + 4 + j) << 4)))
 }
 
 /// Q6_K blocks (ql[128], qh[64], i8 scales[16], f16 d; 6-bit q = low | high << 4, weight =
 /// d * scale[e / 16] * (q - 32)) as four planes:
-/// - low nibbles, a word per slice as Q4_0's (pack_nibble_slices);
+/// - low nibbles, a word per slice as Q4_0's (nibble_slices), row after row;
 /// - high bit pairs, a word per two slices: byte j holds at bits 2f field f = the pairs of
 ///   elements j, 4 + j of the even slice, then of the odd one (shifting right by 4 for the odd
 ///   slice, the shader moves each field next to its nibbles with one shift and mask);
@@ -171,7 +207,8 @@ fn pack_q6_k(data: &[u8], slices: usize, out: &mut [u8]) {
         }
         for (u, q) in q.chunks_exact(UNIT_LEN).enumerate() {
             let unit = 8 * b + u;
-            pack_nibble_slices(&mut low[16 * unit..16 * unit + 16], |e| q[e] & 0x0F);
+            low[16 * unit..16 * unit + 16]
+                .copy_from_slice(nibble_slices(|e| q[e] & 0x0F).as_flattened());
             // two words of pairs: slices 0, 1 and 2, 3 of the unit
             for pair in 0..2 {
                 for j in 0..4 {
@@ -222,14 +259,30 @@ impl GpuMatrix {
         // Offsets in the shaders are u32 (bytes, for the types kept as in the file).
         let limit = max_part_bytes.min(u32::MAX as u64) as usize;
         // The most rows whose part, padded by up to 15 bytes, fits the limit.
-        let mut rows_per_part =
-            (limit.saturating_sub(15) / device_row_bytes(ty, cols, row_bytes)).min(rows);
-        // Parts of whole row pairs where they can be (a SwiGLU matvec needs them).
-        if rows_per_part > 1 && rows_per_part < rows {
-            rows_per_part &= !1;
-        }
+        let fit = limit.saturating_sub(15) / device_row_bytes(ty, cols, row_bytes);
+        // Parts of whole row quads where they can be: a SwiGLU matvec needs whole pairs, and a
+        // row-quad type's padding to a whole quad must fit too.
+        let rows_per_part = if device_rows(ty, rows) <= fit {
+            rows
+        } else if fit >= ROW_QUAD {
+            fit - fit % ROW_QUAD
+        } else if packs_row_quads(ty) {
+            0
+        } else if fit > 1 {
+            fit & !1
+        } else {
+            fit
+        };
         if rows_per_part == 0 {
-            return Err(GpuError::TooLarge(format!("one {ty} row of {row_bytes} bytes exceeds the binding limit of {max_part_bytes} bytes")));
+            let n = if packs_row_quads(ty) {
+                "4 rows"
+            } else {
+                "one row"
+            };
+            return Err(GpuError::TooLarge(format!(
+                "{n} of {ty} ({row_bytes} bytes each) exceed the binding limit of \
+                 {max_part_bytes} bytes"
+            )));
         }
         let parts = (0..rows)
             .step_by(rows_per_part)
@@ -288,7 +341,8 @@ impl GpuMatrix {
 mod tests {
     use super::*;
 
-    /// The repacked types keep the file's byte count, padded to 16.
+    /// The repacked types keep the file's byte count (of whole row quads where they pack
+    /// them), padded to 16.
     #[test]
     fn repacking_keeps_the_size() {
         for (ty, cols) in [
@@ -301,11 +355,60 @@ mod tests {
             for rows in [1, 3, 8] {
                 let data = vec![0u8; rows * row_bytes];
                 let packed = pack_part(ty, cols, &data);
-                assert_eq!(packed.len(), (rows * row_bytes).next_multiple_of(16));
+                let stored = if packs_row_quads(ty) {
+                    rows.next_multiple_of(4)
+                } else {
+                    rows
+                };
+                assert_eq!(packed.len(), (stored * row_bytes).next_multiple_of(16));
                 assert_eq!(packed.len(), part_bytes(ty, rows, cols, row_bytes));
             }
         }
         assert_eq!(part_bytes(TensorType::F32, 3, 33, 132), 3 * 64 * 4);
+    }
+
+    /// Every Q4_0 and Q8_0 quant and scale of a part whose rows are not whole quads lands
+    /// where quant_q4_0.wgsl and quant_q8_0.wgsl look for it (quad_at), and the padding rows
+    /// are zeros.
+    #[test]
+    fn row_quads_hold_every_element() {
+        let (rows, cols) = (6, 64);
+        for ty in [TensorType::Q4_0, TensorType::Q8_0] {
+            let row_bytes = ty.row_bytes(cols).unwrap();
+            let data: Vec<u8> = (0..rows * row_bytes)
+                .map(|i| (i as u8).wrapping_mul(29).wrapping_add(3) & 0x3F)
+                .collect();
+            let packed = pack_part(ty, cols, &data);
+            let layout = layout(ty, rows, cols, row_bytes);
+            let word = |w: usize| u32::from_le_bytes(packed[4 * w..][..4].try_into().unwrap());
+            let half = |h: usize| half::f16::from_le_bytes([packed[2 * h], packed[2 * h + 1]]);
+            let (units, row_slices) = (cols / 32, cols / 8);
+            let scales = if ty == TensorType::Q4_0 { 0 } else { 1 };
+            for row in 0..8 {
+                let mut want = vec![0f32; cols];
+                if row < rows {
+                    let bytes = &data[row * row_bytes..][..row_bytes];
+                    lean_quant::scalar::dequantize(ty, bytes, &mut want);
+                }
+                for (e, &want) in want.iter().enumerate() {
+                    let (s, j) = (e / 8, e % 8);
+                    let at = quad_at(row, s, row_slices);
+                    let region = 2 * layout.regions[scales] as usize;
+                    let d = half(region + quad_at(row, e / 32, units)).to_f32();
+                    let q = if ty == TensorType::Q4_0 {
+                        ((word(at) >> (8 * (j % 4) + 4 * (j / 4))) & 0xF) as f32 - 8.0
+                    } else {
+                        let plane = if j < 4 { 0 } else { layout.regions[0] as usize };
+                        ((word(plane + at) >> (8 * (j % 4))) & 0xFF) as f32 - 128.0
+                    };
+                    if row < rows {
+                        assert_eq!(d * q, want, "{ty} row {row} element {e}");
+                    } else {
+                        assert_eq!(d, 0.0, "{ty} padding row {row}");
+                    }
+                }
+            }
+        }
     }
 
     /// Every Q6_K quant lands where quant_q6_k.wgsl looks for it.

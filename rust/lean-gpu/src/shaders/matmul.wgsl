@@ -27,6 +27,8 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
+// The same words in 16-byte loads (row-quad snippets).
+@group(0) @binding(1) var<storage, read> w4: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 // Read only by the block snippets' slice_x (for matvec): not bound here.

@@ -1,6 +1,7 @@
 // y[first_row + r] = dot(row r of W, x) for the rows of one weight part. The tensor type comes
 // from a block snippet prepended to this file (quant_<type>.wgsl): slice_x() loads the
-// activations of one 8-element slice, slice_dot() dots them with one row's slice.
+// activations of one 8-element slice, quad_dot() dots them with that slice of 4 rows (the
+// row-quad types' snippets define it, matvec_row_by_row.wgsl does for the others).
 //
 // A workgroup owns ROWS_PER_THREAD rows; its threads take consecutive slices (so a subgroup's
 // loads are contiguous), each thread dotting a slice's activations with all the rows: x (and
@@ -47,6 +48,8 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
+// The same words in 16-byte loads (row-quad snippets).
+@group(0) @binding(1) var<storage, read> w4: array<vec4<u32>>;
 // x and x4 are one binding: F32 reads scalars, the block types 16-byte words.
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> x4: array<vec4<f32>>;
@@ -93,12 +96,8 @@ fn add_slice(acc: Partial, first: u32, s: u32) -> Partial {
         xs[1] = silu(xs[1]) * up[p.up_offset + 2u * s + 1u];
     }
     var sums = acc;
-    // A row past the part's end repeats its last row (store_rows skips it): no branches here.
-    let last = p.rows - 1u;
     for (var k = 0u; k < QUADS; k++) {
-        let r = min(vec4<u32>(first + 4u * k) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last));
-        sums.dots[k] += vec4<f32>(slice_dot(r.x, s, xs), slice_dot(r.y, s, xs),
-                                  slice_dot(r.z, s, xs), slice_dot(r.w, s, xs));
+        sums.dots[k] += quad_dot(first + 4u * k, s, xs);
     }
     sums.squares += squares;
     return sums;

@@ -1,9 +1,10 @@
 // Shared by every block snippet: the layout of a weight part (weights.rs writes it) and helpers.
 // A slice is 8 consecutive elements of a row, a unit 32 (4 slices). A matvec thread dots one
-// slice's activations (slice_x) with several rows (slice_dot); neighbouring threads take
+// slice's activations (slice_x) with 4 rows (quad_dot); neighbouring threads take
 // neighbouring slices, so a subgroup's loads of x and of the weights are contiguous.
-// Every skeleton declares the bindings the snippets read: w (weights as words), x and x4
-// (activations as f32 and vec4), and the params p.part (this Layout) and p.cols.
+// Every skeleton declares the bindings the snippets read: w and w4 (weights as words and as
+// 16-byte words; an entry point reads one of them), x and x4 (activations as f32 and vec4), and the params p.part (this Layout)
+// and p.cols.
 
 struct Layout {
     units: u32,     // units per row
@@ -57,6 +58,22 @@ fn dot_acc(acc: f32, a: vec4<f32>, b: vec4<f32>) -> f32 {
 fn f16_at(region: u32, h: u32) -> f32 {
     let word = w[region + h / 2u] >> ((h & 1u) * 16u);
     return unpack2x16float(word & 0xFFFFu).x;
+}
+
+// Index of item i of part row `row` (per_row items a row) in a plane interleaved by row quads
+// (weights.rs: quad_at): the items i of a quad's 4 rows lie side by side.
+fn quad_at(row: u32, i: u32, per_row: u32) -> u32 {
+    return ((row / 4u) * per_row + i) * 4u + row % 4u;
+}
+
+// The f16 scales of the 4 rows of the quad of `row0` for unit u, from a plane of them at word
+// `region` (a multiple of 4) interleaved by row quads: two words, half of a 16-byte load (w4
+// only: naga rejects an entry point that reads both views of the binding).
+fn quad_scales(region: u32, row0: u32, u: u32) -> vec4<f32> {
+    let at = region + quad_at(row0, u, p.part.units) / 2u;
+    let v = w4[at / 4u];
+    let pair = select(v.xy, v.zw, (at & 2u) != 0u);
+    return vec4<f32>(unpack2x16float(pair.x), unpack2x16float(pair.y));
 }
 
 // Slices per row.
