@@ -8,10 +8,10 @@
 //! 34- or 210-byte blocks), with scales in planes of their own. The other types stay exactly as
 //! in the GGUF file. A repacked part has the byte count of the file's rows (padded to 16).
 //!
-//! Q4_0 and Q8_0 interleave their planes by row quads (`packs_row_quads`): a matvec thread dots
+//! Q4_0, Q8_0 and Q6_K interleave their planes by row quads (`packs_row_quads`): a matvec thread dots
 //! its slice with 4 consecutive rows (matvec.wgsl's ROWS_PER_THREAD), and finds the 4 rows'
-//! words of that slice, and their 4 scales, side by side: one 16-byte load and one 8-byte load
-//! instead of eight. Their parts are padded with zero rows to whole quads.
+//! words of that slice, and their 4 scales, side by side: one 16-byte load per plane instead
+//! of four. Their parts are padded with zero rows to whole quads.
 //! Each type's WGSL snippet (shaders/quant_<type>.wgsl) reads the layout written here.
 use crate::context::GpuContext;
 use crate::error::{GpuError, Result};
@@ -28,7 +28,7 @@ pub(crate) const ROW_QUAD: usize = 4;
 /// Whether `ty`'s planes are interleaved by row quads (see the module comment; the WGSL
 /// snippet then defines the matvec's quad_dot itself).
 pub(crate) fn packs_row_quads(ty: TensorType) -> bool {
-    matches!(ty, TensorType::Q4_0 | TensorType::Q8_0)
+    matches!(ty, TensorType::Q4_0 | TensorType::Q8_0 | TensorType::Q6_K)
 }
 
 /// Rows a part of `rows` rows of `ty` holds on the device: whole quads where it packs them.
@@ -171,7 +171,7 @@ fn pack_part(ty: TensorType, cols: usize, data: &[u8]) -> Vec<u8> {
                 scales[at..at + 2].copy_from_slice(&block[..2]);
             }
         }
-        TensorType::Q6_K => pack_q6_k(data, slices, &mut out),
+        TensorType::Q6_K => pack_q6_k(data, cols, slices, &mut out),
         _ => out[..data.len()].copy_from_slice(data),
     }
     out
@@ -184,20 +184,24 @@ fn nibble_slices(q: impl Fn(usize) -> u8) -> [[u8; 4]; 4] {
 }
 
 /// Q6_K blocks (ql[128], qh[64], i8 scales[16], f16 d; 6-bit q = low | high << 4, weight =
-/// d * scale[e / 16] * (q - 32)) as four planes:
-/// - low nibbles, a word per slice as Q4_0's (nibble_slices), row after row;
+/// d * scale[e / 16] * (q - 32)) as four planes, each interleaved by row quads (quad_at):
+/// - low nibbles, a word per slice as Q4_0's (nibble_slices);
 /// - high bit pairs, a word per two slices: byte j holds at bits 2f field f = the pairs of
 ///   elements j, 4 + j of the even slice, then of the odd one (shifting right by 4 for the odd
 ///   slice, the shader moves each field next to its nibbles with one shift and mask);
-/// - the scales, one byte per two slices (16 elements), as in the file;
+/// - the scales, one byte per two slices (16 elements), as scale + 128 (the shader reads
+///   bytes as floats without sign extension): a word per 8 slices;
 /// - one f16 d per block.
-fn pack_q6_k(data: &[u8], slices: usize, out: &mut [u8]) {
+fn pack_q6_k(data: &[u8], cols: usize, slices: usize, out: &mut [u8]) {
     let (low, rest) = out.split_at_mut(4 * slices);
     let (high, rest) = rest.split_at_mut(2 * slices);
-    let (scales, rest) = rest.split_at_mut(slices / 2);
-    let d = &mut rest[..slices / 16];
+    let (scales, d) = rest.split_at_mut(slices / 2);
+    let blocks = cols / 256;
+    let row_slices = cols / SLICE_LEN;
     let mut q = [0u8; 256];
     for (b, block) in data.chunks_exact(210).enumerate() {
+        let (row, first_slice) = (b / blocks, 32 * (b % blocks));
+        let word = |i: usize, per_row: usize| 4 * quad_at(row, i, per_row);
         let (ql, qh) = (&block[..128], &block[128..192]);
         for (e, q) in q.iter_mut().enumerate() {
             let (h, i) = (e / 128, e % 128);
@@ -206,22 +210,28 @@ fn pack_q6_k(data: &[u8], slices: usize, out: &mut [u8]) {
             *q = low | (high << 4);
         }
         for (u, q) in q.chunks_exact(UNIT_LEN).enumerate() {
-            let unit = 8 * b + u;
-            low[16 * unit..16 * unit + 16]
-                .copy_from_slice(nibble_slices(|e| q[e] & 0x0F).as_flattened());
+            let unit_slice = first_slice + 4 * u;
+            for (c, bytes) in nibble_slices(|e| q[e] & 0x0F).iter().enumerate() {
+                let at = word(unit_slice + c, row_slices);
+                low[at..at + 4].copy_from_slice(bytes);
+            }
             // two words of pairs: slices 0, 1 and 2, 3 of the unit
             for pair in 0..2 {
+                let at = word(unit_slice / 2 + pair, row_slices / 2);
                 for j in 0..4 {
                     let field = |f: usize| {
                         let slice = 2 * pair + f / 2;
                         (q[8 * slice + 4 * (f % 2) + j] >> 4) << (2 * f)
                     };
-                    high[8 * unit + 4 * pair + j] = field(0) | field(1) | field(2) | field(3);
+                    high[at + j] = field(0) | field(1) | field(2) | field(3);
                 }
             }
         }
-        scales[16 * b..16 * b + 16].copy_from_slice(&block[192..208]);
-        d[2 * b..2 * b + 2].copy_from_slice(&block[208..210]);
+        for (k, &scale) in block[192..208].iter().enumerate() {
+            scales[word(first_slice / 8 + k / 4, row_slices / 8) + k % 4] = scale ^ 0x80;
+        }
+        let at = 2 * quad_at(row, b % blocks, blocks);
+        d[at..at + 2].copy_from_slice(&block[208..210]);
     }
 }
 
@@ -362,6 +372,11 @@ mod tests {
                 };
                 assert_eq!(packed.len(), (stored * row_bytes).next_multiple_of(16));
                 assert_eq!(packed.len(), part_bytes(ty, rows, cols, row_bytes));
+                // quad_f16 and the planes' 16-byte loads need planes at multiples of 4 words
+                if packs_row_quads(ty) {
+                    let regions = layout(ty, rows, cols, row_bytes).regions;
+                    assert!(regions.iter().all(|r| r % 4 == 0), "{ty}: {regions:?}");
+                }
             }
         }
         assert_eq!(part_bytes(TensorType::F32, 3, 33, 132), 3 * 64 * 4);
@@ -411,29 +426,36 @@ mod tests {
         }
     }
 
-    /// Every Q6_K quant lands where quant_q6_k.wgsl looks for it.
+    /// Every Q6_K quant, scale and d of a part whose rows are not whole quads lands where
+    /// quant_q6_k.wgsl looks for it.
     #[test]
     fn q6_k_slices_hold_every_element() {
-        let mut block = [0u8; 210];
-        for (i, b) in block.iter_mut().enumerate() {
-            *b = (i as u8).wrapping_mul(37).wrapping_add(11);
+        let (rows, cols) = (5, 512);
+        let data: Vec<u8> = (0..rows * 420)
+            .map(|i| (i as u8).wrapping_mul(37).wrapping_add(11))
+            .collect();
+        let packed = pack_part(TensorType::Q6_K, cols, &data);
+        let layout = layout(TensorType::Q6_K, rows, cols, 420);
+        let word = |w: usize| u32::from_le_bytes(packed[4 * w..][..4].try_into().unwrap());
+        let regions = layout.regions.map(|r| r as usize);
+        let row_slices = cols / 8;
+        for row in 0..rows {
+            let mut want = vec![0f32; cols];
+            lean_quant::scalar::dequantize(TensorType::Q6_K, &data[row * 420..][..420], &mut want);
+            for (e, &want) in want.iter().enumerate() {
+                let (s, j) = (e / 8, (e % 8) as u32);
+                let nibble =
+                    (word(quad_at(row, s, row_slices)) >> (8 * (j % 4) + 4 * (j / 4))) & 0xF;
+                let field = 4 * (s as u32 & 1) + 2 * (j / 4);
+                let pairs = word(regions[0] + quad_at(row, s / 2, row_slices / 2));
+                let pair = (pairs >> (8 * (j % 4) + field)) & 3;
+                let scales = word(regions[1] + quad_at(row, s / 8, row_slices / 8));
+                let scale = ((scales >> (8 * ((s / 2) % 4))) & 0xFF) as f32 - 128.0;
+                let h = 4 * regions[2] + 2 * quad_at(row, e / 256, cols / 256);
+                let d = half::f16::from_le_bytes([packed[h], packed[h + 1]]).to_f32();
+                let q = (nibble | (pair << 4)) as f32 - 32.0;
+                assert_eq!(d * scale * q, want, "row {row} element {e}");
+            }
         }
-        let packed = pack_part(TensorType::Q6_K, 256, &block);
-        let layout = layout(TensorType::Q6_K, 1, 256, 210);
-        let word = |w: u32| u32::from_le_bytes(packed[4 * w as usize..][..4].try_into().unwrap());
-        let mut want = [0f32; 256];
-        lean_quant::scalar::dequantize(TensorType::Q6_K, &block, &mut want);
-        let d = half::f16::from_le_bytes([block[208], block[209]]).to_f32();
-        for (e, &want) in want.iter().enumerate() {
-            let (i, j) = ((e / 8) as u32, (e % 8) as u32);
-            let nibble = (word(i) >> (8 * (j % 4) + 4 * (j / 4))) & 0xF;
-            let field = 4 * (i & 1) + 2 * (j / 4);
-            let pair = (word(layout.regions[0] + i / 2) >> (8 * (j % 4) + field)) & 3;
-            let scale = (word(layout.regions[1] + i / 8) >> (8 * ((i / 2) % 4))) as u8 as i8;
-            let q = (nibble | (pair << 4)) as f32 - 32.0;
-            assert_eq!(d * scale as f32 * q, want, "element {e}");
-        }
-        let d_at = 4 * layout.regions[2] as usize;
-        assert_eq!(packed[d_at..d_at + 2], block[208..210]);
     }
 }

@@ -40,7 +40,7 @@ fn nibbles_dot(q: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
 // scales in one 8-byte load (the matvec).
 fn quad_dot(row0: u32, s: u32, xs: array<vec4<f32>, 2>) -> vec4<f32> {
     let q = w4[quad_at(row0, s, row_slices()) / 4u];
-    let d = quad_scales(p.part.region1, row0, s / 4u);
+    let d = quad_f16(p.part.region1, row0, s / 4u, p.part.units);
     let xa = vec4<f32>(xs[0].x, xs[1].x, xs[0].y, xs[1].y);
     let xb = vec4<f32>(xs[0].z, xs[1].z, xs[0].w, xs[1].w);
     return d * vec4<f32>(nibbles_dot(q.x, xa, xb), nibbles_dot(q.y, xa, xb),

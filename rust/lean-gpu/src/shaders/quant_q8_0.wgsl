@@ -38,7 +38,7 @@ fn quad_dot(row0: u32, s: u32, xs: array<vec4<f32>, 2>) -> vec4<f32> {
     let i = quad_at(row0, s, row_slices()) / 4u;
     let lo = w4[i];
     let hi = w4[p.part.region1 / 4u + i];
-    let d = quad_scales(p.part.region2, row0, s / 4u);
+    let d = quad_f16(p.part.region2, row0, s / 4u, p.part.units);
     return d * vec4<f32>(
         dot_acc(dot_acc(0.0, bytes_in_place(lo.x), xs[0]), bytes_in_place(hi.x), xs[1]),
         dot_acc(dot_acc(0.0, bytes_in_place(lo.y), xs[0]), bytes_in_place(hi.y), xs[1]),

@@ -66,11 +66,12 @@ fn quad_at(row: u32, i: u32, per_row: u32) -> u32 {
     return ((row / 4u) * per_row + i) * 4u + row % 4u;
 }
 
-// The f16 scales of the 4 rows of the quad of `row0` for unit u, from a plane of them at word
-// `region` (a multiple of 4) interleaved by row quads: two words, half of a 16-byte load (w4
-// only: naga rejects an entry point that reads both views of the binding).
-fn quad_scales(region: u32, row0: u32, u: u32) -> vec4<f32> {
-    let at = region + quad_at(row0, u, p.part.units) / 2u;
+// The f16 of item i (per_row items a row) of the 4 rows of the quad of `row0`, from a plane of
+// them at word `region` (a multiple of 4) interleaved by row quads: two words, half of a
+// 16-byte load (w4 only: naga rejects an entry point that reads both views of the binding; a
+// part's bytes are padded to 16, so the load stays inside).
+fn quad_f16(region: u32, row0: u32, i: u32, per_row: u32) -> vec4<f32> {
+    let at = region + quad_at(row0, i, per_row) / 2u;
     let v = w4[at / 4u];
     let pair = select(v.xy, v.zw, (at & 2u) != 0u);
     return vec4<f32>(unpack2x16float(pair.x), unpack2x16float(pair.y));
