@@ -34,11 +34,19 @@ function requireFile(file) {
   test.skip(true, `${file} not found (set LEAN_MODELS)`);
 }
 
-/** Opens the test page and instantiates `backend`'s package in its worker. */
+/** Opens the test page and instantiates `backend`'s package in its worker. Instantiating takes
+ * seconds; once in a CI run (2026-12-01, Firefox ESR, threads) it never finished, so it fails
+ * after 2 minutes instead of the test's 10 and the run's retry starts over. */
 async function start(page, backend) {
   await page.goto("/page/index.html");
   const started = await page.evaluate(
-    ([backend, threads]) => window.lean("init", { backend, threads }),
+    ([backend, threads]) =>
+      Promise.race([
+        window.lean("init", { backend, threads }),
+        new Promise((_, reject) =>
+          setTimeout(() => reject(new Error(`${backend} init did not finish in 2 min`)), 120_000),
+        ),
+      ]),
     [backend, threads],
   );
   expect(started).toEqual({
