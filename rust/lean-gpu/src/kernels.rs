@@ -38,6 +38,7 @@ const EMBED: &str = include_str!("shaders/embed.wgsl");
 const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
 const ATTENTION: &str = include_str!("shaders/attention.wgsl");
 const ATTENTION_COMBINE: &str = include_str!("shaders/attention_combine.wgsl");
+const ATTENTION_PREFILL: &str = include_str!("shaders/attention_prefill.wgsl");
 /// Browsers' WGSL wants subgroups enabled in the shader; naga (native) has no such directive.
 const SUBGROUPS_DIRECTIVE: &str = if cfg!(target_arch = "wasm32") {
     "enable subgroups;\n"
@@ -263,6 +264,22 @@ struct AttentionParams {
     k_offset: u32,
     v_offset: u32,
     pad: [u32; 4],
+}
+
+#[repr(C)]
+#[derive(Copy, Clone, bytemuck::Pod, bytemuck::Zeroable)]
+struct PrefillAttentionParams {
+    n_heads: u32,
+    n_kv_heads: u32,
+    head_dim: u32,
+    n_tokens: u32,
+    capacity: u32,
+    cache_offset: u32,
+    scale: f32,
+    query_blocks: u32,
+    /// (row width, offset) of q.
+    q: [u32; 2],
+    pad: [u32; 2],
 }
 
 #[repr(C)]
@@ -611,6 +628,9 @@ pub struct Kernels {
     /// Per ATTENTION_HEAD_DIMS: for heads up to that size.
     attention: [wgpu::ComputePipeline; 3],
     attention_combine: [wgpu::ComputePipeline; 3],
+    /// attention_prefill.wgsl per (largest head_dim), those whose workgroup memory the device
+    /// allows, smallest first.
+    attention_prefill: Vec<(usize, wgpu::ComputePipeline)>,
     silu_mul: wgpu::ComputePipeline,
     add: wgpu::ComputePipeline,
     /// argmax.wgsl's two passes: the first maximum per span, then of the spans.
@@ -716,7 +736,22 @@ fn attention_variant(head_dim: usize) -> usize {
         .unwrap_or(ATTENTION_HEAD_DIMS.len() - 1)
 }
 
-/// An attention pipeline (attention.wgsl or attention_combine.wgsl) for heads up to
+/// Tokens per workgroup and positions per step of attention_prefill.wgsl (BQ, BK).
+const PREFILL_ATTENTION_TOKENS: usize = 32;
+const PREFILL_ATTENTION_STEP: usize = 16;
+/// The largest head of each attention_prefill pipeline: its workgroup memory holds the block's
+/// queries and a step's keys (or values) for heads of that size.
+const PREFILL_ATTENTION_HEAD_DIMS: [usize; 2] = [64, 128];
+
+/// Bytes of workgroup memory of attention_prefill.wgsl for heads up to `max_head_dim`:
+/// queries, a step's rows, scores and probabilities (64: 16 KiB, WebGPU's default limit).
+const fn prefill_attention_storage(max_head_dim: usize) -> usize {
+    4 * (PREFILL_ATTENTION_TOKENS + PREFILL_ATTENTION_STEP) * max_head_dim
+        + 2 * 4 * PREFILL_ATTENTION_TOKENS * PREFILL_ATTENTION_STEP
+}
+const _: () = assert!(prefill_attention_storage(PREFILL_ATTENTION_HEAD_DIMS[0]) <= 16384);
+
+/// An attention pipeline (attention.wgsl, attention_combine.wgsl or attention_prefill.wgsl) for heads up to
 /// `max_head_dim`, compiled without wgpu's runtime checks: its loops forced bounded and its
 /// register arrays' indices clamped, the NVIDIA compiler keeps the arrays out of registers
 /// (measured on an H200: a decode step's attention 25.6 -> 15.3 µs). In the browser the checks
@@ -740,23 +775,29 @@ fn attention_variant(head_dim: usize) -> usize {
 /// - loops run to fixed bounds or to the split's end by CHUNK, and the divisions are by
 ///   n_splits, n_heads and the GQA group, all at least 1 (checked), or by constants.
 ///
+/// attention_prefill.wgsl: token blocks of BQ, the last clamped to n_tokens - 1 for its
+/// lengths and stored only below n_tokens; cache positions below `end` ≤ the capacity (clamped)
+/// and quads below head_dim / 4 ≤ QUADS (the pipeline holds the head); `queries` at
+/// token × QUADS + d < BQ × QUADS, `rows` at j × QUADS + (d ^ (j % 8)) with j < BK and QUADS a
+/// power of two ≥ 8, so the swizzled quad stays below QUADS; `scores` and `probs` at
+/// token × BK + j, j < BK (threads per token ≤ BK); out at (t × n_heads + h) × head_dim / 4 + d
+/// below n_tokens × n_heads × head_dim / 4 (checked); output quads by a loop of OUT_QUADS.
+///
 /// `tests/kernels.rs` runs them on head_dims 32 to 256 (80: value groups that do not divide
-/// the workgroup), GQA groups, prefill chunks, multi-chunk splits and fresh tokens.
+/// the workgroup), GQA groups, prefill chunks (both attention kernels), multi-chunk splits and
+/// fresh tokens.
 fn attention_pipeline(
     ctx: &GpuContext,
     name: &str,
     source: &str,
     max_head_dim: usize,
 ) -> wgpu::ComputePipeline {
-    const DECLARED: &str = "const MAX_HEAD_DIM: u32 = 256u;";
-    debug_assert!(
-        source.contains(DECLARED),
-        "{name} declares MAX_HEAD_DIM otherwise"
-    );
-    let source = source.replace(
-        DECLARED,
-        &format!("const MAX_HEAD_DIM: u32 = {max_head_dim}u;"),
-    );
+    const DECLARED: &str = "const MAX_HEAD_DIM: u32 = ";
+    let declared = source
+        .lines()
+        .find(|line| line.starts_with(DECLARED))
+        .unwrap_or_else(|| panic!("{name} declares no MAX_HEAD_DIM"));
+    let source = source.replace(declared, &format!("{DECLARED}{max_head_dim}u;"));
     let label = format!("{name}_{max_head_dim}");
     // SAFETY: every index is in range and every loop ends (see above).
     let module = unsafe { trusted_module(ctx, &label, &source) };
@@ -924,6 +965,18 @@ impl Kernels {
             attention_combine: ATTENTION_HEAD_DIMS.map(|head_dim| {
                 attention_pipeline(ctx, "attention_combine", ATTENTION_COMBINE, head_dim)
             }),
+            attention_prefill: PREFILL_ATTENTION_HEAD_DIMS
+                .into_iter()
+                .filter(|&head_dim| {
+                    prefill_attention_storage(head_dim)
+                        <= ctx.limits().max_compute_workgroup_storage_size as usize
+                })
+                .map(|head_dim| {
+                    let pipeline =
+                        attention_pipeline(ctx, "attention_prefill", ATTENTION_PREFILL, head_dim);
+                    (head_dim, pipeline)
+                })
+                .collect(),
             silu_mul: pipeline(ctx, "silu_mul", include_str!("shaders/silu_mul.wgsl")),
             add: pipeline(ctx, "add", include_str!("shaders/add.wgsl")),
             argmax_spans: pipeline_at(ctx, "argmax_spans", ARGMAX, "spans"),
@@ -1380,7 +1433,8 @@ impl Kernels {
     /// Causal attention of `n_tokens` tokens (queries: n_heads × head_dim per token at field
     /// `q_at` of `q`, positions from the step's pos0) over the cached keys and values;
     /// `out` gets n_tokens × n_heads × head_dim; `partials` is scratch of `s.partials_len()`
-    /// f32. Two dispatches (split-K, then the combine). The caller keeps pos0 + n_tokens within
+    /// f32. Two dispatches (split-K, then the combine); one for a prefill chunk without `fresh`
+    /// (attention_prefill.wgsl, tiled over blocks of tokens) where a pipeline holds the head. The caller keeps pos0 + n_tokens within
     /// capacity. Without `fresh` the queries are rotated and the cache holds the step's keys
     /// and values (rope_kv_store ran); with it they are the projection's fields of the rows of
     /// `q`, unrotated, and this rotates them and stores the keys and values in the cache.
@@ -1466,6 +1520,36 @@ impl Kernels {
                 f.v.end("attention v", s.n_tokens, kv_dim)?,
             )?;
             check_len("rope table", f.cos_sin, s.capacity * f.rope.rope_dim)?;
+        }
+        // A prefill chunk (queries rotated, keys cached): the tiled kernel, where it holds the head.
+        let prefill = self
+            .attention_prefill
+            .iter()
+            .find(|(most, _)| s.head_dim <= *most);
+        if let (None, true, Some((_, pipeline))) = (&fresh, s.n_tokens > 1, prefill) {
+            let query_blocks = s.n_tokens.div_ceil(PREFILL_ATTENTION_TOKENS);
+            let params = PrefillAttentionParams {
+                n_heads: u32_arg("heads", s.n_heads)?,
+                n_kv_heads: u32_arg("kv heads", s.n_kv_heads)?,
+                head_dim: u32_arg("head_dim", s.head_dim)?,
+                n_tokens: u32_arg("tokens", s.n_tokens)?,
+                capacity: u32_arg("capacity", s.capacity)?,
+                cache_offset: u32_arg("cache offset", s.cache_offset)?,
+                scale: 1.0 / (s.head_dim as f32).sqrt(),
+                query_blocks: u32_arg("query blocks", query_blocks)?,
+                q: q_at.params()?,
+                pad: [0; 2],
+            };
+            let groups = u32_arg("attention workgroups", query_blocks * s.n_heads)?;
+            return Self::dispatch(
+                ctx,
+                plan,
+                "attention_prefill".into(),
+                pipeline,
+                &params,
+                &[step.buffer(), q, keys, values, out],
+                groups,
+            );
         }
         let n_splits = s.splits();
         let params = AttentionParams {

@@ -1092,6 +1092,12 @@ fn attention_matches_causal_softmax_reference() {
         (4, 2, 128, 1, 5000, 5001),
         (2, 1, 64, 1, 5000, 5001),
         (3, 1, 80, 1, 5000, 5001),
+        // prefill chunks through attention_prefill.wgsl: head_dim 80 (a partial last output
+        // quad per thread) over three token blocks; 32 with the chunk ending at the capacity
+        // (a step past the end); a GQA group of 8 with head_dim 128 after cached positions
+        (3, 1, 80, 70, 17, 100),
+        (2, 1, 32, 37, 27, 64),
+        (16, 2, 128, 33, 100, 140),
     ] {
         let kv_dim = n_kv_heads * head_dim;
         let s = AttentionShape {
