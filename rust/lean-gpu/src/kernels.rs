@@ -64,6 +64,12 @@ impl MatmulTile {
             self.rows, self.tokens, self.k_step
         )
     }
+
+    /// Bytes of workgroup memory of the tiles (matmul.wgsl: w_tile is k_step × rows f32,
+    /// x_tile k_step × (tokens + 4)).
+    const fn step_bytes(&self) -> usize {
+        4 * self.k_step * (self.rows + self.tokens + 4)
+    }
 }
 
 /// The prefill matmul's tile: 256 threads, 12.25 KiB of workgroup memory. On an H200 it beat
@@ -75,11 +81,15 @@ const MATMUL_TILE: MatmulTile = MatmulTile {
     tokens: 64,
     k_step: 16,
 };
-// The portable limits (WebGPU's defaults): 256 threads, 16 KiB of workgroup memory
-// (matmul.wgsl: w_tile is k_step × rows f32, x_tile k_step × (tokens + 4)).
+// The portable limits (WebGPU's defaults): 256 threads, 16 KiB of workgroup memory; and every
+// thread stages the same number of slices and activations per step (matmul.wgsl: WEIGHT_ITERS,
+// X_ITERS).
 const _: () = assert!(MATMUL_TILE.rows * MATMUL_TILE.tokens / 32 <= 256);
-const _: () =
-    assert!(4 * MATMUL_TILE.k_step * (MATMUL_TILE.rows + MATMUL_TILE.tokens + 4) <= 16384);
+const _: () = assert!(MATMUL_TILE.step_bytes() <= 16384);
+const _: () = assert!((MATMUL_TILE.rows * MATMUL_TILE.k_step / 8)
+    .is_multiple_of(MATMUL_TILE.rows * MATMUL_TILE.tokens / 32));
+const _: () = assert!((MATMUL_TILE.tokens * MATMUL_TILE.k_step)
+    .is_multiple_of(MATMUL_TILE.rows * MATMUL_TILE.tokens / 32));
 
 /// Workgroups a matmul dispatch should have to keep a large GPU busy (an H200 has 132
 /// multiprocessors, each running two of these workgroups at once): with fewer tiles
@@ -813,7 +823,8 @@ fn attention_pipeline(
 /// `Kernels::matmul_into` checks and `GpuMatrix` builds, for any MatmulTile as documented:
 /// - weights: rows are clamped to `rows - 1`; a step's slices start at k0 / 8 with k0 < cols,
 ///   k0 a multiple of K_STEP (a divisor of 32) and cols at most 32 × units, so they stay below
-///   `row_slices()`: the slices the matvec reads (see `matvec_pipelines`);
+///   `row_slices()`: the slices the matvec reads (see `matvec_pipelines`); the step loaded
+///   ahead is the next one while it starts below the range's end, else the current one;
 /// - x: read at token t < n_tokens, element k < cols (both checked in the shader), and `x`
 ///   holds n_tokens × cols f32 (checked);
 /// - K: a range starts at split × split_len (split_len a multiple of 32) and its steps run
@@ -824,7 +835,9 @@ fn attention_pipeline(
 ///   split × split_stride + t × rows + r for split < splits, below the splits × n_tokens × rows
 ///   f32 of the partial-sums buffer (`Kernels::partials`);
 /// - workgroup arrays: w_tile at (8 × slice + j) × ROW_QUADS + r / 4 for slice <
-///   STEP_SLICES, j < 8, r < TILE_ROWS, and read at k × ROW_QUADS + (ROW_THREADS + rq), rq <
+///   STEP_SLICES, j < 8, r < TILE_ROWS (a thread's staged i run below WEIGHT_ITERS ×
+///   WORKGROUP = TILE_ROWS × STEP_SLICES, and below X_ITERS × WORKGROUP = TILE_TOKENS × K_STEP
+///   for x: the const asserts by MATMUL_TILE), and read at k × ROW_QUADS + (ROW_THREADS + rq), rq <
 ///   ROW_THREADS = ROW_QUADS / 2; x_tile at k × TOKEN_QUADS + t / 4 for t < TILE_TOKENS
 ///   (TOKEN_QUADS is TILE_TOKENS / 4 + 1), read at tq < TILE_TOKENS / 4; components by % 4;
 /// - loops step by a positive constant toward a bound, and the divisions by variables are by

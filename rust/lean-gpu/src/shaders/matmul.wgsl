@@ -2,7 +2,8 @@
 // of x. A workgroup owns TILE_ROWS rows × TILE_TOKENS tokens (kernels.rs prepends both and
 // K_STEP as constants). Per step of K_STEP elements of K its threads decode the weight tile a
 // whole slice (8 elements) at a time with slice_weights() of the prepended block snippet, and
-// stage the activations, both in workgroup memory laid out [k][row] and [k][token]; then each
+// stage the activations, both in workgroup memory laid out [k][row] and [k][token] (loaded a
+// step ahead into registers, stored after the step's FMAs); then each
 // thread accumulates 8 rows × 4 tokens from vec4 loads (two of weights, one of activations per
 // 32 FMAs). Every weight is decoded once per TILE_TOKENS tokens; f32 products and sums.
 // When the tiles alone are too few workgroups to fill the device, K is split into ranges, each
@@ -48,15 +49,49 @@ const STEP_SLICES: u32 = K_STEP / 8u;
 var<workgroup> w_tile: array<vec4<f32>, K_STEP * ROW_QUADS>;   // [k][rows / 4]
 var<workgroup> x_tile: array<vec4<f32>, K_STEP * TOKEN_QUADS>; // [k][tokens / 4]
 
-// Decodes slice `s0 + i / TILE_ROWS` of tile row i % TILE_ROWS (neighbouring threads take
-// neighbouring rows, so their stores hit different banks) for every i of this thread. Rows past
-// the part's end repeat its last row (their outputs are never stored).
-fn stage_weights(lid: u32, row0: u32, s0: u32) {
-    for (var i = lid; i < TILE_ROWS * STEP_SLICES; i += WORKGROUP) {
+// Slices of the weight tile and activations of the x tile each thread stages per step.
+const WEIGHT_ITERS: u32 = TILE_ROWS * STEP_SLICES / WORKGROUP;
+const X_ITERS: u32 = TILE_TOKENS * K_STEP / WORKGROUP;
+
+struct Staged {
+    w: array<array<vec4<f32>, 2>, WEIGHT_ITERS>,
+    x: array<f32, X_ITERS>,
+}
+
+// Loads (and decodes) this thread's share of the step at k0: slice s0 + i / TILE_ROWS of tile
+// row i % TILE_ROWS for i = lid + j × WORKGROUP (neighbouring threads take neighbouring rows,
+// so their stores hit different banks; rows past the part's end repeat its last row, their
+// outputs never stored), and x[tok0 + t][k0 + k] for i = t × K_STEP + k, zero past n_tokens
+// and cols (F32 rows may end inside a step; their padding weights are zero, but x there is
+// another token's).
+fn load_step(lid: u32, row0: u32, tok0: u32, k0: u32) -> Staged {
+    var st: Staged;
+    let s0 = k0 / 8u;
+    for (var j = 0u; j < WEIGHT_ITERS; j++) {
+        let i = lid + j * WORKGROUP;
+        st.w[j] = slice_weights(min(row0 + i % TILE_ROWS, p.rows - 1u), s0 + i / TILE_ROWS);
+    }
+    for (var j = 0u; j < X_ITERS; j++) {
+        let i = lid + j * WORKGROUP;
+        let k = i % K_STEP;
+        let t = i / K_STEP;
+        var v = 0.0;
+        if (tok0 + t < p.n_tokens && k0 + k < p.cols) {
+            v = x[(tok0 + t) * p.cols + k0 + k];
+        }
+        st.x[j] = v;
+    }
+    return st;
+}
+
+// Stores a step's share into the tiles: weights [k][row], activations [k][token].
+fn store_step(lid: u32, st: Staged) {
+    for (var j = 0u; j < WEIGHT_ITERS; j++) {
+        let i = lid + j * WORKGROUP;
         let r = i % TILE_ROWS;
-        let v = slice_weights(min(row0 + r, p.rows - 1u), s0 + i / TILE_ROWS);
         let at = 8u * (i / TILE_ROWS) * ROW_QUADS + r / 4u;
         let c = r % 4u;
+        let v = st.w[j];
         w_tile[at][c] = v[0].x;
         w_tile[at + ROW_QUADS][c] = v[0].y;
         w_tile[at + 2u * ROW_QUADS][c] = v[0].z;
@@ -66,19 +101,11 @@ fn stage_weights(lid: u32, row0: u32, s0: u32) {
         w_tile[at + 6u * ROW_QUADS][c] = v[1].z;
         w_tile[at + 7u * ROW_QUADS][c] = v[1].w;
     }
-}
-
-// Stages x[tok0 .. + TILE_TOKENS][k0 .. + K_STEP], zero past n_tokens and cols (F32 rows may
-// end inside a step; their padding weights are zero, but x there is another token's).
-fn stage_activations(lid: u32, tok0: u32, k0: u32) {
-    for (var i = lid; i < TILE_TOKENS * K_STEP; i += WORKGROUP) {
+    for (var j = 0u; j < X_ITERS; j++) {
+        let i = lid + j * WORKGROUP;
         let k = i % K_STEP;
         let t = i / K_STEP;
-        var v = 0.0;
-        if (tok0 + t < p.n_tokens && k0 + k < p.cols) {
-            v = x[(tok0 + t) * p.cols + k0 + k];
-        }
-        x_tile[k * TOKEN_QUADS + t / 4u][t % 4u] = v;
+        x_tile[k * TOKEN_QUADS + t / 4u][t % 4u] = st.x[j];
     }
 }
 
@@ -126,10 +153,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     var b1 = vec4<f32>(0.0);
     var b2 = vec4<f32>(0.0);
     var b3 = vec4<f32>(0.0);
+    store_step(lid, load_step(lid, row0, tok0, k_begin));
+    workgroupBarrier();
     for (var k0 = k_begin; k0 < k_end; k0 += K_STEP) {
-        stage_weights(lid, row0, k0 / 8u);
-        stage_activations(lid, tok0, k0);
-        workgroupBarrier();
+        // The next step's loads go out before this step's FMAs and land in registers (the
+        // last step reloads itself: no branch around them). On an H200 this made prefill
+        // 4-8% faster; two tile buffers instead (one barrier a step, 24.5 KiB) were 18% slower.
+        let next = select(k0, k0 + K_STEP, k0 + K_STEP < k_end);
+        let staged = load_step(lid, row0, tok0, next);
         for (var k = 0u; k < K_STEP; k++) {
             let xv = x_tile[k * TOKEN_QUADS + tq];
             let wa = w_tile[k * ROW_QUADS + rq];
@@ -143,6 +174,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
             b2 = fma(vec4<f32>(wb.z), xv, b2);
             b3 = fma(vec4<f32>(wb.w), xv, b3);
         }
+        // Every thread's reads of the tiles done before they are overwritten.
+        workgroupBarrier();
+        store_step(lid, staged);
         workgroupBarrier();
     }
     let ra = row0 + 4u * rq;
