@@ -1,9 +1,9 @@
 // Prefill: y[t * out_stride + first_row + r] = dot(row r of W, row t of x) for n_tokens rows
-// of x. A workgroup owns TILE_ROWS rows × TILE_TOKENS tokens (kernels.rs prepends both and
-// K_STEP as constants). Per step of K_STEP elements of K its threads decode the weight tile a
-// whole slice (8 elements) at a time with slice_weights() of the prepended block snippet, and
-// stage the activations, both in workgroup memory laid out [k][row] and [k][token] (loaded a
-// step ahead into registers, stored after the step's FMAs); then each
+// of x. A workgroup owns TILE_ROWS rows × TILE_TOKENS tokens (kernels.rs prepends both, K_STEP
+// and WARP_ROWS as constants). Per step of K_STEP elements of K its threads decode the weight
+// tile a whole slice (8 elements) at a time with slice_weights() of the prepended block
+// snippet, and stage the activations, both in workgroup memory laid out [k][row] and
+// [k][token] (loaded a step ahead into registers, stored after the step's FMAs); then each
 // thread accumulates 8 rows × 4 tokens from vec4 loads (two of weights, one of activations per
 // 32 FMAs). Every weight is decoded once per TILE_TOKENS tokens; f32 products and sums.
 // When the tiles alone are too few workgroups to fill the device, K is split into ranges, each
@@ -140,9 +140,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     }
     let k_begin = split * p.split_len;
     let k_end = min(p.cols, k_begin + p.split_len);
-    // Neighbouring threads take neighbouring row quads: their stores of y are contiguous.
-    let rq = lid % ROW_THREADS;
-    let tq = lid / ROW_THREADS;
+    // A warp of 32 threads takes WARP_ROWS row quads × 32 / WARP_ROWS token quads (kernels.rs:
+    // MatmulTile): few weight addresses per load of w_tile, which the warp broadcasts.
+    let lane = lid % 32u;
+    let warp = lid / 32u;
+    let warps_across = ROW_THREADS / WARP_ROWS;
+    let rq = lane % WARP_ROWS + WARP_ROWS * (warp % warps_across);
+    let tq = lane / WARP_ROWS + (32u / WARP_ROWS) * (warp / warps_across);
     // Accumulators of rows 4 rq ..+ 4 (a) and TILE_ROWS / 2 + 4 rq ..+ 4 (b), each over
     // tokens 4 tq ..+ 4; named, not an array, so that they stay in registers.
     var a0 = vec4<f32>(0.0);
