@@ -68,10 +68,34 @@ impl MatmulTile {
         )
     }
 
+    /// Threads of a workgroup: each owns 8 rows × 4 tokens.
+    const fn threads(&self) -> usize {
+        self.rows * self.tokens / 32
+    }
+
     /// Bytes of workgroup memory of the tiles (matmul.wgsl: w_tile is k_step × rows f32,
     /// x_tile k_step × (tokens + 4)).
     const fn step_bytes(&self) -> usize {
         4 * self.k_step * (self.rows + self.tokens + 4)
+    }
+
+    /// Whether matmul.wgsl holds for this tile: the shape above; the portable limits (WebGPU's defaults: 256
+    /// threads, 16 KiB of workgroup memory); every thread stages the same number of slices and
+    /// activations per step (WEIGHT_ITERS, X_ITERS); and warps tile the threads (rq <
+    /// ROW_THREADS, tq < TOKEN_THREADS): warp_rows divides the row threads (rows / 8), 32 /
+    /// warp_rows the token threads (tokens / 4).
+    const fn valid(&self) -> bool {
+        let threads = self.threads();
+        self.rows.is_multiple_of(8)
+            && self.tokens.is_multiple_of(4)
+            && (self.k_step == 8 || self.k_step == 16 || self.k_step == 32)
+            && threads <= 256
+            && self.step_bytes() <= 16384
+            && (self.rows * self.k_step / 8).is_multiple_of(threads)
+            && (self.tokens * self.k_step).is_multiple_of(threads)
+            && 32 % self.warp_rows == 0
+            && (self.rows / 8).is_multiple_of(self.warp_rows)
+            && (self.tokens / 4).is_multiple_of(32 / self.warp_rows)
     }
 }
 
@@ -90,20 +114,7 @@ const MATMUL_TILE: MatmulTile = MatmulTile {
     k_step: 16,
     warp_rows: 2,
 };
-// The portable limits (WebGPU's defaults): 256 threads, 16 KiB of workgroup memory; and every
-// thread stages the same number of slices and activations per step (matmul.wgsl: WEIGHT_ITERS,
-// X_ITERS).
-const _: () = assert!(MATMUL_TILE.rows * MATMUL_TILE.tokens / 32 <= 256);
-// Warps tile the threads (matmul.wgsl: rq < ROW_THREADS, tq < TOKEN_THREADS): warp_rows
-// divides the row threads (rows / 8), 32 / warp_rows the token threads (tokens / 4).
-const _: () = assert!(32 % MATMUL_TILE.warp_rows == 0);
-const _: () = assert!((MATMUL_TILE.rows / 8).is_multiple_of(MATMUL_TILE.warp_rows));
-const _: () = assert!((MATMUL_TILE.tokens / 4).is_multiple_of(32 / MATMUL_TILE.warp_rows));
-const _: () = assert!(MATMUL_TILE.step_bytes() <= 16384);
-const _: () = assert!((MATMUL_TILE.rows * MATMUL_TILE.k_step / 8)
-    .is_multiple_of(MATMUL_TILE.rows * MATMUL_TILE.tokens / 32));
-const _: () = assert!((MATMUL_TILE.tokens * MATMUL_TILE.k_step)
-    .is_multiple_of(MATMUL_TILE.rows * MATMUL_TILE.tokens / 32));
+const _: () = assert!(MATMUL_TILE.valid());
 
 /// Workgroups a matmul dispatch should have to keep a large GPU busy (an H200 has 132
 /// multiprocessors, each running two of these workgroups at once): with fewer tiles
@@ -850,14 +861,14 @@ fn attention_pipeline(
 ///   f32 of the partial-sums buffer (`Kernels::partials`);
 /// - workgroup arrays: w_tile at (8 × slice + j) × ROW_QUADS + r / 4 for slice <
 ///   STEP_SLICES, j < 8, r < TILE_ROWS (a thread's staged i run below WEIGHT_ITERS ×
-///   WORKGROUP = TILE_ROWS × STEP_SLICES, and below X_ITERS × WORKGROUP = TILE_TOKENS × K_STEP
-///   for x: the const asserts by MATMUL_TILE), and read at k × ROW_QUADS + (ROW_THREADS + rq), rq <
-///   ROW_THREADS = ROW_QUADS / 2; x_tile at k × TOKEN_QUADS + t / 4 for t < TILE_TOKENS
+///   WORKGROUP = TILE_ROWS × STEP_SLICES, and below X_ITERS × WORKGROUP = TILE_TOKENS ×
+///   K_STEP for x: `MatmulTile::valid`), and read at k × ROW_QUADS + (ROW_THREADS + rq),
+///   rq < ROW_THREADS = ROW_QUADS / 2; x_tile at k × TOKEN_QUADS + t / 4 for t < TILE_TOKENS
 ///   (TOKEN_QUADS is TILE_TOKENS / 4 + 1), read at tq < TILE_TOKENS / 4; components by % 4;
 /// - threads: rq = lane % WARP_ROWS + WARP_ROWS × (warp % (ROW_THREADS / WARP_ROWS)) stays below
 ///   ROW_THREADS and tq = lane / WARP_ROWS + (32 / WARP_ROWS) × (warp / (ROW_THREADS /
 ///   WARP_ROWS)) below TOKEN_THREADS, as WARP_ROWS divides ROW_THREADS and 32 / WARP_ROWS
-///   TOKEN_THREADS (the const asserts by MATMUL_TILE);
+///   TOKEN_THREADS (`MatmulTile::valid`);
 /// - loops step by a positive constant toward a bound, and the divisions by variables are by
 ///   `row_tiles` and `token_tiles`, both at least 1 (parts and token counts are never empty).
 ///

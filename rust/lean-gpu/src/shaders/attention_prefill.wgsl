@@ -73,38 +73,22 @@ fn row_at(j: u32, d: u32) -> u32 {
     return j * QUADS + (d ^ (j % PER_TOKEN));
 }
 
-// Quads of a step's rows each thread loads (the head's quads past head_dim / 4 are not).
-const STAGE_ITERS: u32 = BK * QUADS / WORKGROUP;
-
-// Loads this thread's quads of the step's BK positions from k0 of `keys` (values: `vals`),
-// zero past `end`: quad i % hd4 of position i / hd4 for i = lid + j × WORKGROUP.
-fn load_rows(lid: u32, kv_base: u32, k0: u32, end: u32, values: bool)
-        -> array<vec4<f32>, STAGE_ITERS> {
+// Stages the step's BK positions from k0 of `keys` (values: 1, `vals`), zero past `end`.
+fn stage(lid: u32, kv_base: u32, k0: u32, end: u32, values: bool) {
     let hd4 = p.head_dim / 4u;
-    var r: array<vec4<f32>, STAGE_ITERS>;
-    for (var j = 0u; j < STAGE_ITERS; j++) {
-        let i = lid + j * WORKGROUP;
-        let pos = k0 + i / hd4;
-        r[j] = vec4<f32>(0.0);
-        if (i < BK * hd4 && pos < end) {
+    for (var i = lid; i < BK * hd4; i += WORKGROUP) {
+        let j = i / hd4;
+        let d = i % hd4;
+        let pos = k0 + j;
+        var v = vec4<f32>(0.0);
+        if (pos < end) {
             if (values) {
-                r[j] = vals[kv_base + pos * hd4 + i % hd4];
+                v = vals[kv_base + pos * hd4 + d];
             } else {
-                r[j] = keys[kv_base + pos * hd4 + i % hd4];
+                v = keys[kv_base + pos * hd4 + d];
             }
         }
-    }
-    return r;
-}
-
-// Stores what load_rows loaded into `rows`.
-fn store_rows(lid: u32, r: array<vec4<f32>, STAGE_ITERS>) {
-    let hd4 = p.head_dim / 4u;
-    for (var j = 0u; j < STAGE_ITERS; j++) {
-        let i = lid + j * WORKGROUP;
-        if (i < BK * hd4) {
-            rows[row_at(i / hd4, i % hd4)] = r[j];
-        }
+        rows[row_at(j, d)] = v;
     }
 }
 
@@ -147,14 +131,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     for (var m = 0u; m < OUT_QUADS; m++) {
         acc[m] = vec4<f32>(0.0);
     }
-    // A step's keys load during the previous step's probabilities·values, its values during
-    // its scores (into registers; stored into `rows` when the barriers allow).
-    var staged = load_rows(lid, kv_base, 0u, end, false);
     for (var k0 = 0u; k0 < end; k0 += BK) {
         // After the previous step's last reads of `rows` (and, first, with the queries staged).
         workgroupBarrier();
-        store_rows(lid, staged);
-        staged = load_rows(lid, kv_base, k0, end, true);
+        stage(lid, kv_base, k0, end, false);
         workgroupBarrier();
         var s0 = 0.0;
         var s1 = 0.0;
@@ -174,8 +154,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
         scores[qi * BK + g + PER_TOKEN] = s1;
         workgroupBarrier();
         // Every thread has scored: the keys' rows take the values.
-        store_rows(lid, staged);
-        staged = load_rows(lid, kv_base, k0 + BK, end, false);
+        stage(lid, kv_base, k0, end, true);
         var step_max = running_max;
         for (var j = 0u; j < BK; j++) {
             step_max = max(step_max, scores[qi * BK + j]);
