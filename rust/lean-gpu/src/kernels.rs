@@ -250,7 +250,8 @@ struct MatmulReduceParams {
     first_row: u32,
     splits: u32,
     accumulate: u32,
-    pad: [u32; 2],
+    bias: u32,
+    swiglu: u32,
 }
 
 #[repr(C)]
@@ -416,6 +417,19 @@ pub struct MatvecExtras<'a> {
     pub swiglu: bool,
     /// Plus bias[row].
     pub bias: Option<&'a wgpu::Buffer>,
+    /// y += (a residual add), after the bias.
+    pub accumulate: bool,
+}
+
+/// What the prefill matmul fuses into its output (`Kernels::matmul_with`).
+#[derive(Copy, Clone, Default)]
+pub struct MatmulExtras<'a> {
+    /// Plus bias[column] (bias spans the field's columns, from its offset).
+    pub bias: Option<&'a wgpu::Buffer>,
+    /// The rows are (gate, up) pairs, [gate_0, up_0, gate_1, ...] (a stacked gate|up matrix
+    /// with its rows interleaved, stack.rs): y[t][pair] = silu(gate) · up, so y's field is half
+    /// as wide as the matrix has rows. No bias or accumulate with it.
+    pub swiglu: bool,
     /// y += (a residual add), after the bias.
     pub accumulate: bool,
 }
@@ -653,7 +667,7 @@ pub struct Kernels {
     /// Matvecs reducing in workgroup memory, and with subgroupAdd (`with_subgroup_matvec`).
     matvec: MatvecShaders,
     matvec_subgroup: Option<MatvecShaders>,
-    matmul: Vec<(TensorType, wgpu::ComputePipeline)>,
+    matmul: MatmulShaders,
     matmul_reduce: wgpu::ComputePipeline,
     /// The partial sums of a matmul with K split, reused by every such dispatch (grown when
     /// one needs more): wgpu orders the dispatches that write and read it.
@@ -668,7 +682,6 @@ pub struct Kernels {
     /// allows, smallest first.
     attention_prefill: Vec<(usize, wgpu::ComputePipeline)>,
     silu_mul: wgpu::ComputePipeline,
-    add: wgpu::ComputePipeline,
     /// argmax.wgsl's two passes: the first maximum per span, then of the spans.
     argmax_spans: wgpu::ComputePipeline,
     argmax: wgpu::ComputePipeline,
@@ -840,7 +853,7 @@ fn attention_pipeline(
     pipeline_of(ctx, &label, &module, "main", &[])
 }
 
-/// A matmul pipeline, compiled without wgpu's runtime checks (clamped indices): prefill spends
+/// The matmul shaders, compiled without wgpu's runtime checks (clamped indices): prefill spends
 /// most of its time in it, and its inner loop is workgroup-memory loads and FMAs, which the
 /// clamps would nearly double. In the browser the checks stay.
 ///
@@ -858,7 +871,11 @@ fn attention_pipeline(
 ///   the field's row width and first_row its offset plus the part's first row, so below
 ///   (n_tokens - 1) × width + offset + rows(), which `y` holds (checked); or, with K split, at
 ///   split × split_stride + t × rows + r for split < splits, below the splits × n_tokens × rows
-///   f32 of the partial-sums buffer (`Kernels::partials`);
+///   f32 of the partial-sums buffer (`Kernels::partials`); with SWIGLU (never split) at
+///   t × out_stride + (first_row + r) / 2 with first_row = 2 × offset + the part's first row
+///   (even, as r and rows are), so below (n_tokens - 1) × width + offset + rows() / 2 (checked);
+/// - bias (BIAS, never split): read at first_row + r, below offset + rows(), which `bias` holds
+///   (checked);
 /// - workgroup arrays: w_tile at (8 × slice + j) × ROW_QUADS + r / 4 for slice <
 ///   STEP_SLICES, j < 8, r < TILE_ROWS (a thread's staged i run below WEIGHT_ITERS ×
 ///   WORKGROUP = TILE_ROWS × STEP_SLICES, and below X_ITERS × WORKGROUP = TILE_TOKENS ×
@@ -874,10 +891,51 @@ fn attention_pipeline(
 ///
 /// `tests/kernels.rs` runs it on ragged tiles (rows, tokens and K not multiples of the tile's),
 /// one-block rows, split parts, and F32 rows ending inside a step.
-fn matmul_pipeline(ctx: &GpuContext, label: &str, source: &str) -> wgpu::ComputePipeline {
-    // SAFETY: every index is in range and every loop ends (see above).
-    let module = unsafe { trusted_module(ctx, label, source) };
-    pipeline_of(ctx, label, &module, "main", &[])
+struct MatmulShaders {
+    modules: Vec<(TensorType, wgpu::ShaderModule)>,
+    /// Per (type, fusions: matmul.wgsl's BIAS and SWIGLU as bits 0 and 1), made on first use.
+    pipelines: std::sync::Mutex<std::collections::HashMap<(TensorType, u8), wgpu::ComputePipeline>>,
+}
+
+impl MatmulShaders {
+    fn new(ctx: &GpuContext, source: impl Fn(&str) -> String) -> Self {
+        let modules = MATVEC_TYPES
+            .iter()
+            .map(|&(ty, block)| {
+                let label = format!("matmul_{ty}");
+                // SAFETY: every index is in range and every loop ends (see above).
+                (ty, unsafe { trusted_module(ctx, &label, &source(block)) })
+            })
+            .collect();
+        MatmulShaders {
+            modules,
+            pipelines: Default::default(),
+        }
+    }
+
+    /// The pipeline of `ty` with `bias` and/or `swiglu` fused in.
+    fn pipeline(
+        &self,
+        ctx: &GpuContext,
+        ty: TensorType,
+        bias: bool,
+        swiglu: bool,
+    ) -> Result<wgpu::ComputePipeline> {
+        let fusions = bias as u8 | (swiglu as u8) << 1;
+        let mut pipelines = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = pipelines.get(&(ty, fusions)) {
+            return Ok(p.clone());
+        }
+        let (_, module) = self
+            .modules
+            .iter()
+            .find(|(t, _)| *t == ty)
+            .ok_or(GpuError::UnsupportedType(ty))?;
+        let constants = [("BIAS", bias as u8 as f64), ("SWIGLU", swiglu as u8 as f64)];
+        let pipeline = pipeline_of(ctx, &format!("matmul_{ty}"), module, "main", &constants);
+        pipelines.insert((ty, fusions), pipeline.clone());
+        Ok(pipeline)
+    }
 }
 
 /// The compute pipeline of `module`'s `entry` point, with override `constants`.
@@ -983,17 +1041,10 @@ impl Kernels {
         let kernels = Kernels {
             matvec,
             matvec_subgroup,
-            matmul: MATVEC_TYPES
-                .iter()
-                .map(|&(ty, block)| {
-                    let skeleton = format!("{}{MATMUL}", MATMUL_TILE.wgsl_constants());
-                    let label = format!("matmul_{ty}");
-                    (
-                        ty,
-                        matmul_pipeline(ctx, &label, &source("", block, &skeleton)),
-                    )
-                })
-                .collect(),
+            matmul: MatmulShaders::new(ctx, |block| {
+                let skeleton = format!("{}{MATMUL}", MATMUL_TILE.wgsl_constants());
+                source("", block, &skeleton)
+            }),
             matmul_reduce: pipeline(ctx, "matmul_reduce", MATMUL_REDUCE),
             matmul_partials: std::sync::Mutex::new(None),
             embed: per_type("embed", EMBED),
@@ -1021,7 +1072,6 @@ impl Kernels {
                 })
                 .collect(),
             silu_mul: pipeline(ctx, "silu_mul", include_str!("shaders/silu_mul.wgsl")),
-            add: pipeline(ctx, "add", include_str!("shaders/add.wgsl")),
             argmax_spans: pipeline_at(ctx, "argmax_spans", ARGMAX, "spans"),
             argmax: pipeline(ctx, "argmax", ARGMAX),
         };
@@ -1233,7 +1283,7 @@ impl Kernels {
         n_tokens: usize,
     ) -> Result<()> {
         let at = RowField::whole(m.rows());
-        self.matmul_into(ctx, plan, m, x, (y, at), n_tokens, false)
+        self.matmul_with(ctx, plan, m, x, (y, at), n_tokens, MatmulExtras::default())
     }
 
     /// Prefill into a field of wider rows: y[t × at.width + at.offset + r] = (x·Wᵀ)[t][r].
@@ -1248,7 +1298,7 @@ impl Kernels {
         at: RowField,
         n_tokens: usize,
     ) -> Result<()> {
-        self.matmul_into(ctx, plan, m, x, (y, at), n_tokens, false)
+        self.matmul_with(ctx, plan, m, x, (y, at), n_tokens, MatmulExtras::default())
     }
 
     /// y += x·Wᵀ: matmul with the residual add fused in.
@@ -1262,11 +1312,17 @@ impl Kernels {
         n_tokens: usize,
     ) -> Result<()> {
         let at = RowField::whole(m.rows());
-        self.matmul_into(ctx, plan, m, x, (y, at), n_tokens, true)
+        let extras = MatmulExtras {
+            accumulate: true,
+            ..Default::default()
+        };
+        self.matmul_with(ctx, plan, m, x, (y, at), n_tokens, extras)
     }
 
+    /// Prefill with fusions (`MatmulExtras`): y[t × at.width + at.offset + c] for the columns c
+    /// of the product (half the rows with SwiGLU).
     #[allow(clippy::too_many_arguments)]
-    fn matmul_into(
+    pub fn matmul_with(
         &self,
         ctx: &GpuContext,
         plan: &mut Plan,
@@ -1274,14 +1330,31 @@ impl Kernels {
         x: &wgpu::Buffer,
         (y, at): (&wgpu::Buffer, RowField),
         n_tokens: usize,
-        accumulate: bool,
+        extras: MatmulExtras,
     ) -> Result<()> {
-        let pipeline = for_type(&self.matmul, m.ty())?;
         if n_tokens == 0 {
             return Err(GpuError::Shape("matmul of no tokens".into()));
         }
+        let MatmulExtras {
+            bias,
+            swiglu,
+            accumulate,
+        } = extras;
+        if swiglu {
+            let odd = m.rows() % 2 == 1 || m.parts().iter().any(|p| p.first_row % 2 == 1);
+            if odd || bias.is_some() || accumulate {
+                return Err(GpuError::Shape(format!(
+                    "matmul: SwiGLU needs whole (gate, up) row pairs in every part and no bias or accumulate ({} rows)",
+                    m.rows()
+                )));
+            }
+        }
+        let y_cols = if swiglu { m.rows() / 2 } else { m.rows() };
         check_len("matmul x", x, n_tokens * m.cols())?;
-        check_len("matmul y", y, at.end("matmul y", n_tokens, m.rows())?)?;
+        check_len("matmul y", y, at.end("matmul y", n_tokens, y_cols)?)?;
+        if let Some(b) = bias {
+            check_len("matmul bias", b, at.end("matmul bias", 1, m.rows())?)?;
+        }
         let tile = MATMUL_TILE;
         let token_tiles = n_tokens.div_ceil(tile.tokens);
         for part in m.parts() {
@@ -1290,11 +1363,16 @@ impl Kernels {
             let max_splits = (ctx.max_binding_bytes() / 4) as usize / slab;
             let (splits, split_len) = matmul_split(row_tiles * token_tiles, m.cols(), max_splits);
             let partials = (splits > 1).then(|| self.partials(ctx, splits * slab));
+            // SwiGLU's columns are (first_row + r) / 2: the field's offset counts twice.
+            let first_row = match swiglu {
+                true => 2 * at.offset + part.first_row,
+                false => at.offset + part.first_row,
+            };
             let params = MatmulParams {
                 layout: m.layout(part),
                 rows: u32_arg("rows", part.rows)?,
                 cols: u32_arg("cols", m.cols())?,
-                first_row: u32_arg("first row", at.offset + part.first_row)?,
+                first_row: u32_arg("first row", first_row)?,
                 n_tokens: u32_arg("tokens", n_tokens)?,
                 out_stride: u32_arg("row width", at.width)?,
                 row_tiles: u32_arg("row tiles", row_tiles)?,
@@ -1318,39 +1396,48 @@ impl Kernels {
                 },
             };
             let groups = u32_arg("matmul workgroups", row_tiles * token_tiles * splits)?;
-            let name = format!("matmul {} {}x{}", m.ty(), part.rows, m.cols());
+            // Split, the fusions are the second pass's.
+            let (fuse_bias, fuse_swiglu) = match partials {
+                None => (bias.is_some(), swiglu),
+                Some(_) => (false, false),
+            };
+            let pipeline = self.matmul.pipeline(ctx, m.ty(), fuse_bias, fuse_swiglu)?;
+            let name = format!(
+                "matmul{}{} {} {}x{}",
+                if fuse_bias { "+bias" } else { "" },
+                if fuse_swiglu { "+swiglu" } else { "" },
+                m.ty(),
+                part.rows,
+                m.cols()
+            );
             let out = partials.as_ref().unwrap_or(y);
-            Self::dispatch(
-                ctx,
-                plan,
-                name,
-                pipeline,
-                &params,
-                &[&part.buffer, x, out],
-                groups,
-            )?;
+            // Without a bias, x is bound in its place: read-only, never read as it.
+            let buffers = [&part.buffer, x, out, bias.unwrap_or(x)];
+            Self::dispatch(ctx, plan, name, &pipeline, &params, &buffers, groups)?;
             if let Some(partials) = &partials {
                 let params = MatmulReduceParams {
                     rows: params.rows,
                     n_tokens: params.n_tokens,
                     out_stride: u32_arg("row width", at.width)?,
-                    first_row: u32_arg("first row", at.offset + part.first_row)?,
+                    first_row: u32_arg("first row", first_row)?,
                     splits: splits as u32,
                     accumulate: accumulate as u32,
-                    pad: [0; 2],
+                    bias: bias.is_some() as u32,
+                    swiglu: swiglu as u32,
                 };
                 let groups = u32_arg(
                     "matmul_reduce workgroups",
                     slab.div_ceil(MATMUL_REDUCE_GROUP),
                 )?;
                 let name = format!("matmul_reduce {}x{} /{splits}", part.rows, m.cols());
+                let buffers = [partials, y, bias.unwrap_or(partials)];
                 Self::dispatch(
                     ctx,
                     plan,
                     name,
                     &self.matmul_reduce,
                     &params,
-                    &[partials, y],
+                    &buffers,
                     groups,
                 )?;
             }
@@ -1767,39 +1854,6 @@ impl Kernels {
             &params,
             &[gate_up, out],
             groups,
-        )
-    }
-
-    /// x[i] += y[i % y_len] for i < n: the residual add (y_len = n) or a bias per row.
-    pub fn add(
-        &self,
-        ctx: &GpuContext,
-        plan: &mut Plan,
-        x: &wgpu::Buffer,
-        y: &wgpu::Buffer,
-        n: usize,
-        y_len: usize,
-    ) -> Result<()> {
-        if y_len == 0 || !n.is_multiple_of(y_len) {
-            return Err(GpuError::Shape(format!(
-                "add: {n} elements are not whole rows of {y_len}"
-            )));
-        }
-        check_len("add x", x, n)?;
-        check_len("add y", y, y_len)?;
-        let params = CountParams {
-            n: u32_arg("n", n)?,
-            extra: u32_arg("y_len", y_len)?,
-            pad: [0; 2],
-        };
-        Self::dispatch(
-            ctx,
-            plan,
-            "add".into(),
-            &self.add,
-            &params,
-            &[x, y],
-            params.n.div_ceil(ELEMENTWISE_GROUP),
         )
     }
 

@@ -17,7 +17,7 @@ pub use context::GpuContext;
 pub use error::{GpuError, Result};
 pub use kernels::{
     argmax_len, fresh_rope_supported, matvec_supports, rope_cos_sin, AttentionShape, FreshTokens,
-    Kernels, MatvecExtras, Rope, RopePairing, RowField, StepBuffer, MAX_HEAD_DIM,
+    Kernels, MatmulExtras, MatvecExtras, Rope, RopePairing, RowField, StepBuffer, MAX_HEAD_DIM,
 };
 pub use plan::Plan;
 pub use session::{GpuModel, GpuSession};

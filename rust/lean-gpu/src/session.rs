@@ -12,14 +12,15 @@
 //! where the rotation's pairs do not fall in whole quads) and its combine; the output projection with the residual add fused in; one matvec
 //! of the stacked gate|up matrix (rows interleaved, stack.rs) with the FFN norm fused in,
 //! writing silu(gate) · up; the down projection adding the residual — 6. Prefill runs the
-//! norms, bias add and silu_mul as their own dispatches around matmuls. Where the members of a stack differ in type (Q4_K_M
-//! files mix them), each writes its rows at its offset in the same activation row: only the
-//! number of dispatches differs (stack.rs).
+//! norms as their own dispatches before the matmuls, which fuse the same bias, SwiGLU and
+//! residual adds. Where the members of a stack differ in type (Q4_K_M files mix them), each
+//! writes its rows at its offset in the same activation row ([gate | up], then silu_mul): only
+//! the number of dispatches differs (stack.rs).
 use crate::context::{GpuContext, MapRequest};
 use crate::error::{GpuError, Result};
 use crate::kernels::{
-    fresh_rope_supported, AttentionShape, FreshTokens, Kernels, MatvecExtras, Rope, RopePairing,
-    RowField, StepBuffer,
+    fresh_rope_supported, AttentionShape, FreshTokens, Kernels, MatmulExtras, MatvecExtras, Rope,
+    RopePairing, RowField, StepBuffer,
 };
 use crate::plan::Plan;
 use crate::profile::Profiler;
@@ -369,8 +370,13 @@ impl GpuSession {
             qkv: ctx.storage_f32("qkv", n * (c.q_dim() + 2 * c.kv_dim())),
             attn: ctx.storage_f32("attn", n * c.q_dim()),
             partials: ctx.storage_f32("attention partials", partials_len),
-            // a matvec fusing silu · up reads up a slice (8 elements) at a time
-            gate_up: ctx.storage_f32("gate_up", n * 2 * c.n_ff + 8),
+            // Only layers whose gate and up are not one interleaved matrix write [gate | up]
+            // (the others fuse silu(gate) · up); a matvec fusing silu · up reads up a slice
+            // (8 elements) at a time.
+            gate_up: match layers.iter().all(|l| l.gate_up.pairs) {
+                true => ctx.storage_f32("gate_up", 8),
+                false => ctx.storage_f32("gate_up", n * 2 * c.n_ff + 8),
+            },
             act: ctx.storage_f32("act", n * c.n_ff),
             logits: ctx.storage_f32("logits", c.vocab_size),
             logits_all: None,
@@ -452,9 +458,9 @@ impl GpuSession {
         }
     }
 
-    /// y = x · Wᵀ (+ bias) for each matrix of `s`, into its field of y's rows (`s.width` wide):
-    /// for one token a matvec with the bias and the RMS norm by `norm` fused in (x is the raw
-    /// residual stream), for several the matmuls (x already normalized) and one bias add.
+    /// y = x · Wᵀ (+ bias) for each matrix of `s`, into its field of y's rows (`s.width` wide),
+    /// the bias fused in: for one token a matvec with the RMS norm by `norm` fused in too (x is
+    /// the raw residual stream), for several the matmuls (x already normalized).
     fn project(
         &self,
         plan: &mut Plan,
@@ -480,13 +486,16 @@ impl GpuSession {
                     };
                     k.matvec_with(ctx, plan, m, x, (y, at), extras)?
                 }
-                _ => k.matmul_at(ctx, plan, m, x, y, at, n)?,
+                _ => {
+                    let extras = MatmulExtras {
+                        bias: s.bias.as_ref(),
+                        ..Default::default()
+                    };
+                    k.matmul_with(ctx, plan, m, x, (y, at), n, extras)?
+                }
             }
         }
-        match &s.bias {
-            Some(b) if n > 1 => k.add(ctx, plan, y, b, n * s.width, s.width),
-            _ => Ok(()),
-        }
+        Ok(())
     }
 
     /// Records the forward pass of `n` tokens (ids in `act.ids`, first position in the step
@@ -566,23 +575,25 @@ impl GpuSession {
                 fresh,
             )?;
             self.linear(&mut p, &l.wo, &a.attn, &a.x, n, true)?;
-            if n == 1 && l.gate_up.pairs {
-                // silu(gate) · up straight out of the gate|up matvec
-                let extras = MatvecExtras {
-                    norm: Some((&l.ffn_norm, eps)),
-                    swiglu: true,
-                    ..Default::default()
-                };
-                let gate_up = &l.gate_up.matrices[0].1;
-                k.matvec_with(
-                    ctx,
-                    &mut p,
-                    gate_up,
-                    &a.x,
-                    (&a.act, RowField::whole(ff)),
-                    extras,
-                )?;
-                self.linear(&mut p, &l.w_down, &a.act, &a.x, 1, true)?;
+            if l.gate_up.pairs {
+                // silu(gate) · up straight out of the gate|up matvec or matmul
+                let (gate_up, act) = (&l.gate_up.matrices[0].1, (&a.act, RowField::whole(ff)));
+                if n == 1 {
+                    let extras = MatvecExtras {
+                        norm: Some((&l.ffn_norm, eps)),
+                        swiglu: true,
+                        ..Default::default()
+                    };
+                    k.matvec_with(ctx, &mut p, gate_up, &a.x, act, extras)?;
+                } else {
+                    k.rms_norm(ctx, &mut p, &a.x, &l.ffn_norm, &a.h, e, n, eps)?;
+                    let extras = MatmulExtras {
+                        swiglu: true,
+                        ..Default::default()
+                    };
+                    k.matmul_with(ctx, &mut p, gate_up, &a.h, act, n, extras)?;
+                }
+                self.linear(&mut p, &l.w_down, &a.act, &a.x, n, true)?;
                 continue;
             }
             if n == 1 {
@@ -591,10 +602,7 @@ impl GpuSession {
                 k.rms_norm(ctx, &mut p, &a.x, &l.ffn_norm, &a.h, e, n, eps)?;
                 self.project(&mut p, &l.gate_up, &a.h, None, &a.gate_up, n)?;
             }
-            if l.gate_up.pairs {
-                k.silu_mul_pairs(ctx, &mut p, &a.gate_up, &a.act, ff, n)?;
-                self.linear(&mut p, &l.w_down, &a.act, &a.x, n, true)?;
-            } else if n == 1 && ff.is_multiple_of(4) {
+            if n == 1 && ff.is_multiple_of(4) {
                 // silu(gate) · up read straight from [gate | up]
                 let extras = MatvecExtras {
                     silu_up: Some((&a.gate_up, ff)),

@@ -10,7 +10,8 @@ use half::f16;
 use lean_gpu::wgpu;
 use lean_gpu::{
     argmax_len, fresh_rope_supported, rope_cos_sin, AttentionShape, FreshTokens, GpuContext,
-    GpuError, GpuMatrix, Kernels, MatvecExtras, Plan, Rope, RopePairing, RowField, StepBuffer,
+    GpuError, GpuMatrix, Kernels, MatmulExtras, MatvecExtras, Plan, Rope, RopePairing, RowField,
+    StepBuffer,
 };
 use lean_quant::{scalar, TensorType};
 use std::sync::OnceLock;
@@ -458,6 +459,152 @@ fn matvec_bias_fuses_the_bias_add() {
             }
             assert_eq!(read_f32(ctx, &fused, at.width), want, "{ty} {at:?}");
         }
+    }
+}
+
+/// matmul_with a bias equals the plain matmul then the bias added on the CPU, bit for bit, in
+/// one pass and with K split (the second pass adds it), on a matrix split into parts (each
+/// part's bias entries) and at an offset in wider rows (only its field written).
+#[test]
+fn matmul_fuses_the_bias_add() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut rng = Rng(182);
+    // K of 96: one pass; of 800 with 3 tokens: K split
+    for (ty, rows, cols, n) in [
+        (TensorType::Q4_0, 45, 96, 7),
+        (TensorType::Q8_0, 130, 64, 70),
+        (TensorType::Q4_0, 45, 800, 3),
+    ] {
+        let w = random_matrix(&mut rng, ty, rows, cols);
+        let part = (ty.row_bytes(cols).unwrap() * 20) as u64 + 16;
+        let m = GpuMatrix::upload_split(ctx, ty, rows, cols, &w, part).unwrap();
+        let x = ctx.upload_f32("x", &rng.floats(n * cols, 1.0));
+        for at in [
+            RowField::whole(rows),
+            RowField {
+                width: rows + 10,
+                offset: 7,
+            },
+        ] {
+            let bias = rng.floats(at.width, 3.0);
+            let b = ctx.upload_f32("bias", &bias);
+            let before = rng.floats(n * at.width, 1.0);
+            let (plain, fused) = (
+                ctx.storage_f32("plain", n * rows),
+                ctx.upload_f32("fused", &before),
+            );
+            submit(ctx, |p| {
+                kernels.matmul(ctx, p, &m, &x, &plain, n)?;
+                let extras = MatmulExtras {
+                    bias: Some(&b),
+                    ..Default::default()
+                };
+                kernels.matmul_with(ctx, p, &m, &x, (&fused, at), n, extras)
+            });
+            let product = read_f32(ctx, &plain, n * rows);
+            let mut want = before.clone();
+            for t in 0..n {
+                for r in 0..rows {
+                    let c = at.offset + r;
+                    want[t * at.width + c] = product[t * rows + r] + bias[c];
+                }
+            }
+            assert_eq!(
+                read_f32(ctx, &fused, n * at.width),
+                want,
+                "{ty} {n} tokens {at:?}"
+            );
+        }
+    }
+}
+
+/// A matmul of interleaved (gate, up) rows writing silu(gate) · up (SWIGLU) equals the plain
+/// matmul then silu_mul_pairs, bit for bit: ragged tiles, K split (the second pass applies it),
+/// parts of whole pairs, and at an offset in wider rows; odd rows, a bias or accumulating with
+/// it are refused.
+#[test]
+fn matmul_fuses_swiglu() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut rng = Rng(198);
+    for (ty, pairs, cols, n, part_rows) in [
+        (TensorType::Q4_0, 75, 96, 65, 1000),
+        (TensorType::Q8_0, 40, 64, 9, 34),
+        (TensorType::F32, 5, 70, 3, 3),
+        (TensorType::Q6_K, 70, 256, 70, 1000),
+        // K split
+        (TensorType::Q4_0, 23, 800, 3, 18),
+    ] {
+        let rows = 2 * pairs;
+        let w = random_matrix(&mut rng, ty, rows, cols);
+        let part = (ty.row_bytes(cols).unwrap() * part_rows) as u64 + 16;
+        let m = GpuMatrix::upload_split(ctx, ty, rows, cols, &w, part).unwrap();
+        assert!(
+            m.parts().iter().all(|p| p.rows % 2 == 0),
+            "{ty}: parts of pairs"
+        );
+        let x = ctx.upload_f32("x", &rng.floats(n * cols, 2.0));
+        let at = RowField {
+            width: pairs + 6,
+            offset: 5,
+        };
+        let before = rng.floats(n * at.width, 1.0);
+        let (y, plain, fused) = (
+            ctx.storage_f32("y", n * rows),
+            ctx.storage_f32("plain", n * pairs),
+            ctx.upload_f32("fused", &before),
+        );
+        submit(ctx, |p| {
+            kernels.matmul(ctx, p, &m, &x, &y, n)?;
+            kernels.silu_mul_pairs(ctx, p, &y, &plain, pairs, n)?;
+            let extras = MatmulExtras {
+                swiglu: true,
+                ..Default::default()
+            };
+            kernels.matmul_with(ctx, p, &m, &x, (&fused, at), n, extras)
+        });
+        let product = read_f32(ctx, &plain, n * pairs);
+        let mut want = before.clone();
+        for t in 0..n {
+            want[t * at.width + at.offset..][..pairs]
+                .copy_from_slice(&product[t * pairs..][..pairs]);
+        }
+        assert_eq!(
+            read_f32(ctx, &fused, n * at.width),
+            want,
+            "{ty} {rows}x{cols}, {n} tokens"
+        );
+    }
+    let w = random_matrix(&mut rng, TensorType::Q4_0, 4, 32);
+    let m = GpuMatrix::upload(ctx, TensorType::Q4_0, 4, 32, &w).unwrap();
+    let odd = GpuMatrix::upload(ctx, TensorType::Q4_0, 3, 32, &w[..3 * 18]).unwrap();
+    let (x, y) = (ctx.storage_f32("x", 64), ctx.storage_f32("y", 8));
+    let swiglu = MatmulExtras {
+        swiglu: true,
+        ..Default::default()
+    };
+    for (m, extras) in [
+        (&odd, swiglu),
+        (
+            &m,
+            MatmulExtras {
+                bias: Some(&y),
+                ..swiglu
+            },
+        ),
+        (
+            &m,
+            MatmulExtras {
+                accumulate: true,
+                ..swiglu
+            },
+        ),
+    ] {
+        let mut plan = Plan::new();
+        let at = RowField::whole(2);
+        assert!(matches!(
+            kernels.matmul_with(ctx, &mut plan, m, &x, (&y, at), 2, extras),
+            Err(GpuError::Shape(_))
+        ));
     }
 }
 
@@ -1253,31 +1400,6 @@ fn silu_mul_matches_torch_formula() {
             }
         }
     }
-}
-
-#[test]
-fn add_residual_and_bias_are_exact() {
-    let Some((ctx, kernels)) = gpu() else { return };
-    let mut rng = Rng(110);
-    for (n, y_len) in [(1000, 1000), (5 * 37, 37)] {
-        let x = rng.floats(n, 5.0);
-        let y = rng.floats(y_len, 5.0);
-        let (xb, yb) = (ctx.upload_f32("x", &x), ctx.upload_f32("y", &y));
-        submit(ctx, |e| kernels.add(ctx, e, &xb, &yb, n, y_len));
-        let got = read_f32(ctx, &xb, n);
-        let want: Vec<f32> = x
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| v + y[i % y_len])
-            .collect();
-        assert_eq!(got, want, "n {n} y_len {y_len}");
-    }
-    let mut plan = Plan::new();
-    let b = ctx.storage_f32("b", 10);
-    assert!(matches!(
-        kernels.add(ctx, &mut plan, &b, &b, 10, 3),
-        Err(GpuError::Shape(_))
-    ));
 }
 
 #[test]

@@ -8,7 +8,8 @@
 // 32 FMAs). Every weight is decoded once per TILE_TOKENS tokens; f32 products and sums.
 // When the tiles alone are too few workgroups to fill the device, K is split into ranges, each
 // range's workgroups write their partial sums to their own slab of y (kernels.rs binds scratch
-// there), and matmul_reduce.wgsl adds the slabs up in order.
+// there), and matmul_reduce.wgsl adds the slabs up in order (and applies BIAS or SWIGLU, which
+// kernels.rs sets only on unsplit dispatches).
 
 struct Params {
     part: Layout,       // where the weight part's arrays lie
@@ -34,6 +35,16 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 // Read only by the block snippets' slice_x (for matvec): not bound here.
 @group(0) @binding(2) var<storage, read> x4: array<vec4<f32>>;
+// Read with BIAS: y's column c gets bias[c] (x is bound here without).
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
+
+// Fusions, pipeline constants (a branch on a uniform would cost registers in the inner loop):
+// BIAS: y = x·Wᵀ + bias (the q|k|v projection's bias).
+override BIAS: bool = false;
+// SWIGLU: the rows are [gate_0, up_0, gate_1, up_1, ...] (a stacked gate|up matrix with its rows
+// interleaved, stack.rs) from an even first row; y's column (first_row + r) / 2 of token t gets
+// silu(gate) · up of rows r and r + 1, so y's rows are half as wide as the matrix.
+override SWIGLU: bool = false;
 
 // Threads: each owns 8 rows (two quads, half a tile apart) and 4 tokens. (8 × 8 per thread,
 // fewer threads, was slower on an H200.)
@@ -119,10 +130,29 @@ fn store_row(out: u32, row: u32, t0: u32, v: vec4<f32>) {
         if (t < p.n_tokens) {
             let at = out + t * p.out_stride + p.first_row + row;
             var sum = v[j];
+            if (BIAS) {
+                sum = sum + bias[p.first_row + row];
+            }
             if (p.accumulate != 0u) {
                 sum = y[at] + sum;
             }
             y[at] = sum;
+        }
+    }
+}
+
+// SWIGLU: writes silu(gate) · up for the 4 tokens of the pair at rows `row` (gate) and
+// `row + 1` (up), row even.
+fn store_pair(row: u32, t0: u32, gate: vec4<f32>, up: vec4<f32>) {
+    if (row >= p.rows) {
+        return;
+    }
+    // silu(g) = g · (1 / (1 + exp(-g))), as torch (and silu_mul.wgsl) computes it.
+    let act = (gate * (1.0 / (1.0 + exp(-gate)))) * up;
+    for (var j = 0u; j < 4u; j++) {
+        let t = t0 + j;
+        if (t < p.n_tokens) {
+            y[t * p.out_stride + (p.first_row + row) / 2u] = act[j];
         }
     }
 }
@@ -186,6 +216,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     let ra = row0 + 4u * rq;
     let rb = ra + TILE_ROWS / 2u;
     let t0 = tok0 + 4u * tq;
+    if (SWIGLU) {
+        // A quad's rows start even: two (gate, up) pairs.
+        store_pair(ra, t0, a0, a1);
+        store_pair(ra + 2u, t0, a2, a3);
+        store_pair(rb, t0, b0, b1);
+        store_pair(rb + 2u, t0, b2, b3);
+        return;
+    }
     let out = split * p.split_stride;
     store_row(out, ra, t0, a0);
     store_row(out, ra + 1u, t0, a1);
