@@ -26,7 +26,8 @@ prepare() {
     for name in lean_gpu kernels real_models; do
         cp "$(ls -t "$target"/release/deps/$name-* | grep -v '\.d$' | head -1)" .devbin/$name
     done
-    cp "$target/release/examples/gpu_bench" "$target/release/lean-cli" .devbin/
+    cp "$target/release/examples/gpu_bench" "$target/release/examples/coop_probe" \
+        "$target/release/lean-cli" .devbin/
     # The header and the first 512 KiB of the first 2-D tensor of each type, as real_models.rs
     # reads them: a few MB instead of the 0.6 GB of files (the carry limit is 64 MiB).
     "${LEAN_PYTHON:-$HOME/.cache/lean/venv/bin/python}" - models .devbin/models <<'EOF'
@@ -103,6 +104,10 @@ run_there() {
     # (run first on an idle GPU it once measured 1.9 instead of 4.6 TB/s), then matvec alone.
     echo "=== gpu_bench"
     .devbin/gpu_bench ${GPU_BENCH_ARGS:-} || status=1
+    # What tensor cores through wgpu's experimental cooperative matrices would give (a probe
+    # for planning: its failure does not fail the run).
+    echo "=== coop_probe"
+    .devbin/coop_probe || echo "coop_probe failed"
     return $status
 }
 
