@@ -582,18 +582,56 @@ pub fn rope_cos_sin(
     table
 }
 
+/// A shader module per tensor type and its pipelines per `K` (a choice of override constants),
+/// each made on first use: a model uses a few of them.
+struct TypedShaders<K> {
+    label: &'static str,
+    modules: Vec<(TensorType, wgpu::ShaderModule)>,
+    pipelines: std::sync::Mutex<std::collections::HashMap<(TensorType, K), wgpu::ComputePipeline>>,
+}
+
+impl<K: Copy + Eq + std::hash::Hash> TypedShaders<K> {
+    fn new(label: &'static str, modules: Vec<(TensorType, wgpu::ShaderModule)>) -> Self {
+        TypedShaders {
+            label,
+            modules,
+            pipelines: Default::default(),
+        }
+    }
+
+    /// The pipeline of `ty` for `key`, built with `constants` the first time.
+    fn pipeline(
+        &self,
+        ctx: &GpuContext,
+        ty: TensorType,
+        key: K,
+        constants: &[(&str, f64)],
+    ) -> Result<wgpu::ComputePipeline> {
+        let mut pipelines = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = pipelines.get(&(ty, key)) {
+            return Ok(p.clone());
+        }
+        let (_, module) = self
+            .modules
+            .iter()
+            .find(|(t, _)| *t == ty)
+            .ok_or(GpuError::UnsupportedType(ty))?;
+        let label = format!("{}_{ty}", self.label);
+        let pipeline = pipeline_of(ctx, &label, module, "main", constants);
+        pipelines.insert((ty, key), pipeline.clone());
+        Ok(pipeline)
+    }
+}
+
 /// The matvec shader of each type; its pipelines, one per workgroup size and fusion (override
 /// constants), are created on first use: of the 12 per type a model uses a few.
 struct MatvecShaders {
-    modules: Vec<(TensorType, wgpu::ShaderModule)>,
-    pipelines: std::sync::Mutex<MatvecPipelines>,
+    /// Keyed by (index in MATVEC_WORKGROUP_SIZES, fusions: matvec.wgsl's NORM, SILU and SWIGLU
+    /// as bits 0, 1, 2).
+    shaders: TypedShaders<(usize, u8)>,
     /// How many of MATVEC_WORKGROUP_SIZES the pipelines may use.
     sizes: usize,
 }
-
-/// A matvec pipeline: (type, index in MATVEC_WORKGROUP_SIZES, fusions: matvec.wgsl's NORM,
-/// SILU and SWIGLU as bits 0, 1, 2).
-type MatvecPipelines = std::collections::HashMap<(TensorType, usize, u8), wgpu::ComputePipeline>;
 
 impl MatvecShaders {
     /// The shaders of every type, with workgroups of at most `largest` threads (and at most
@@ -625,8 +663,7 @@ impl MatvecShaders {
             })
             .collect();
         MatvecShaders {
-            modules,
-            pipelines: Default::default(),
+            shaders: TypedShaders::new("matvec", modules),
             sizes,
         }
     }
@@ -640,25 +677,13 @@ impl MatvecShaders {
         size: usize,
         fusions: u8,
     ) -> Result<wgpu::ComputePipeline> {
-        let mut pipelines = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(p) = pipelines.get(&(ty, size, fusions)) {
-            return Ok(p.clone());
-        }
-        let (_, module) = self
-            .modules
-            .iter()
-            .find(|(t, _)| *t == ty)
-            .ok_or(GpuError::UnsupportedType(ty))?;
         let constants = [
             ("WORKGROUP", MATVEC_WORKGROUP_SIZES[size] as f64),
             ("NORM", (fusions & 1) as f64),
             ("SILU", ((fusions >> 1) & 1) as f64),
             ("SWIGLU", ((fusions >> 2) & 1) as f64),
         ];
-        let label = format!("matvec_{ty}");
-        let pipeline = pipeline_of(ctx, &label, module, "main", &constants);
-        pipelines.insert((ty, size, fusions), pipeline.clone());
-        Ok(pipeline)
+        self.shaders.pipeline(ctx, ty, (size, fusions), &constants)
     }
 }
 
@@ -891,11 +916,9 @@ fn attention_pipeline(
 ///
 /// `tests/kernels.rs` runs it on ragged tiles (rows, tokens and K not multiples of the tile's),
 /// one-block rows, split parts, and F32 rows ending inside a step.
-struct MatmulShaders {
-    modules: Vec<(TensorType, wgpu::ShaderModule)>,
-    /// Per (type, fusions: matmul.wgsl's BIAS and SWIGLU as bits 0 and 1), made on first use.
-    pipelines: std::sync::Mutex<std::collections::HashMap<(TensorType, u8), wgpu::ComputePipeline>>,
-}
+///
+/// Its pipelines are keyed by the fusions: matmul.wgsl's BIAS and SWIGLU as bits 0 and 1.
+struct MatmulShaders(TypedShaders<u8>);
 
 impl MatmulShaders {
     fn new(ctx: &GpuContext, source: impl Fn(&str) -> String) -> Self {
@@ -907,10 +930,7 @@ impl MatmulShaders {
                 (ty, unsafe { trusted_module(ctx, &label, &source(block)) })
             })
             .collect();
-        MatmulShaders {
-            modules,
-            pipelines: Default::default(),
-        }
+        MatmulShaders(TypedShaders::new("matmul", modules))
     }
 
     /// The pipeline of `ty` with `bias` and/or `swiglu` fused in.
@@ -922,19 +942,8 @@ impl MatmulShaders {
         swiglu: bool,
     ) -> Result<wgpu::ComputePipeline> {
         let fusions = bias as u8 | (swiglu as u8) << 1;
-        let mut pipelines = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(p) = pipelines.get(&(ty, fusions)) {
-            return Ok(p.clone());
-        }
-        let (_, module) = self
-            .modules
-            .iter()
-            .find(|(t, _)| *t == ty)
-            .ok_or(GpuError::UnsupportedType(ty))?;
         let constants = [("BIAS", bias as u8 as f64), ("SWIGLU", swiglu as u8 as f64)];
-        let pipeline = pipeline_of(ctx, &format!("matmul_{ty}"), module, "main", &constants);
-        pipelines.insert((ty, fusions), pipeline.clone());
-        Ok(pipeline)
+        self.0.pipeline(ctx, ty, fusions, &constants)
     }
 }
 

@@ -419,65 +419,28 @@ fn linear_add_fuses_the_residual() {
     }
 }
 
-/// matvec_at with a bias equals matvec then add, bit for bit, on a matrix split into parts (the
-/// bias of each part's rows) and for each type's pipeline; at an offset in a wider row it
-/// writes only its field, with the bias entries of that field.
+/// The bias fused in (matvec_at for one token, matmul_with for several) equals the plain
+/// product then the bias added on the CPU, bit for bit: on matrices split into parts (each
+/// part's bias entries), for two types' pipelines, the matmul in one pass and with K split (the
+/// second pass adds it), and at an offset in wider rows (only that field written).
 #[test]
-fn matvec_bias_fuses_the_bias_add() {
+fn linear_fuses_the_bias_add() {
     let Some((ctx, kernels)) = gpu() else { return };
     let mut rng = Rng(181);
-    for (ty, rows, cols) in [(TensorType::Q4_0, 45, 96), (TensorType::Q8_0, 130, 64)] {
+    // K of 800 with 3 tokens: K split
+    for (ty, rows, cols, n) in [
+        (TensorType::Q4_0, 45, 96, 1),
+        (TensorType::Q8_0, 130, 64, 1),
+        (TensorType::Q4_0, 45, 96, 7),
+        (TensorType::Q8_0, 130, 64, 70),
+        (TensorType::Q4_0, 45, 800, 3),
+    ] {
         let w = random_matrix(&mut rng, ty, rows, cols);
         let part_rows = 20;
         // room for the padding to 16 bytes
         let part = (ty.row_bytes(cols).unwrap() * part_rows) as u64 + 16;
         let m = GpuMatrix::upload_split(ctx, ty, rows, cols, &w, part).unwrap();
         assert_eq!(m.parts().len(), rows.div_ceil(part_rows));
-        let x = ctx.upload_f32("x", &rng.floats(cols, 1.0));
-        for at in [
-            RowField::whole(rows),
-            RowField {
-                width: rows + 10,
-                offset: 7,
-            },
-        ] {
-            let bias = rng.floats(at.width, 3.0);
-            let b = ctx.upload_f32("bias", &bias);
-            let before = rng.floats(at.width, 1.0);
-            let (plain, fused) = (
-                ctx.storage_f32("plain", rows),
-                ctx.upload_f32("fused", &before),
-            );
-            submit(ctx, |p| {
-                kernels.matvec(ctx, p, &m, &x, &plain)?;
-                kernels.matvec_at(ctx, p, &m, &x, &fused, at, Some(&b))
-            });
-            let product = read_f32(ctx, &plain, rows);
-            let mut want = before.clone();
-            for (r, p) in product.iter().enumerate() {
-                want[at.offset + r] = p + bias[at.offset + r];
-            }
-            assert_eq!(read_f32(ctx, &fused, at.width), want, "{ty} {at:?}");
-        }
-    }
-}
-
-/// matmul_with a bias equals the plain matmul then the bias added on the CPU, bit for bit, in
-/// one pass and with K split (the second pass adds it), on a matrix split into parts (each
-/// part's bias entries) and at an offset in wider rows (only its field written).
-#[test]
-fn matmul_fuses_the_bias_add() {
-    let Some((ctx, kernels)) = gpu() else { return };
-    let mut rng = Rng(182);
-    // K of 96: one pass; of 800 with 3 tokens: K split
-    for (ty, rows, cols, n) in [
-        (TensorType::Q4_0, 45, 96, 7),
-        (TensorType::Q8_0, 130, 64, 70),
-        (TensorType::Q4_0, 45, 800, 3),
-    ] {
-        let w = random_matrix(&mut rng, ty, rows, cols);
-        let part = (ty.row_bytes(cols).unwrap() * 20) as u64 + 16;
-        let m = GpuMatrix::upload_split(ctx, ty, rows, cols, &w, part).unwrap();
         let x = ctx.upload_f32("x", &rng.floats(n * cols, 1.0));
         for at in [
             RowField::whole(rows),
@@ -493,13 +456,19 @@ fn matmul_fuses_the_bias_add() {
                 ctx.storage_f32("plain", n * rows),
                 ctx.upload_f32("fused", &before),
             );
-            submit(ctx, |p| {
-                kernels.matmul(ctx, p, &m, &x, &plain, n)?;
-                let extras = MatmulExtras {
-                    bias: Some(&b),
-                    ..Default::default()
-                };
-                kernels.matmul_with(ctx, p, &m, &x, (&fused, at), n, extras)
+            submit(ctx, |p| match n {
+                1 => {
+                    kernels.matvec(ctx, p, &m, &x, &plain)?;
+                    kernels.matvec_at(ctx, p, &m, &x, &fused, at, Some(&b))
+                }
+                _ => {
+                    kernels.matmul(ctx, p, &m, &x, &plain, n)?;
+                    let extras = MatmulExtras {
+                        bias: Some(&b),
+                        ..Default::default()
+                    };
+                    kernels.matmul_with(ctx, p, &m, &x, (&fused, at), n, extras)
+                }
             });
             let product = read_f32(ctx, &plain, n * rows);
             let mut want = before.clone();
@@ -509,11 +478,8 @@ fn matmul_fuses_the_bias_add() {
                     want[t * at.width + c] = product[t * rows + r] + bias[c];
                 }
             }
-            assert_eq!(
-                read_f32(ctx, &fused, n * at.width),
-                want,
-                "{ty} {n} tokens {at:?}"
-            );
+            let got = read_f32(ctx, &fused, n * at.width);
+            assert_eq!(got, want, "{ty} {n} tokens {at:?}");
         }
     }
 }
