@@ -883,7 +883,7 @@ fn attention_pipeline(
 /// clamps would nearly double. In the browser the checks stay.
 ///
 /// Every access of matmul.wgsl and the block snippets' slice_weights is in range, from what
-/// `Kernels::matmul_into` checks and `GpuMatrix` builds, for any MatmulTile as documented:
+/// `Kernels::matmul_with` checks and `GpuMatrix` builds, for any MatmulTile as documented:
 /// - weights: rows are clamped to `rows - 1`; a step's slices start at k0 / 8 with k0 < cols,
 ///   k0 a multiple of K_STEP (a divisor of 32) and cols at most 32 × units, so they stay below
 ///   `row_slices()`: the slices the matvec reads (see `matvec_pipelines`); the step loaded
