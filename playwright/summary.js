@@ -46,6 +46,20 @@ if (rows.size > 0) {
     );
   }
 }
+// Inits that did not finish and were tried again (parity.spec.js, start): listed, not hidden.
+const initTimeouts = [];
+for (const suite of report.suites) {
+  for (const t of tests(suite)) {
+    for (const a of t.results.flatMap((r) => r.annotations ?? []).concat(t.annotations ?? [])) {
+      if (a.type === "init timeout") initTimeouts.push(`${t.projectName} ${t.path.at(-1)} ${t.title}: ${a.description}`);
+    }
+  }
+}
+const uniqueTimeouts = [...new Set(initTimeouts)];
+if (uniqueTimeouts.length > 0) {
+  console.log(`\n${uniqueTimeouts.length} init timeout(s), each tried again on a fresh page:`);
+  for (const line of uniqueTimeouts) console.log(`  ${line}`);
+}
 const { expected, unexpected, flaky, skipped, duration } = report.stats;
 console.log(`\nbrowser tests took ${(duration / 60000).toFixed(1)} min; ${skipped} skipped, ${flaky} flaky`);
 console.log(`browser: ${expected + flaky} passed, ${unexpected} failed`);

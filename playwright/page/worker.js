@@ -4,6 +4,7 @@
 let wasm; // the package's module once `init` ran
 let engine; // the WasmEngine of the last `load`
 let gpu = false; // whether `init` chose the webgpu backend
+let initStage = "not started"; // where `init` is, for a test whose init never finishes
 
 /** Streams `url` chunk by chunk (no second copy of the file in JS) into a ModelLoader, or for
  * webgpu a GpuModelLoader (each matrix straight into a GPU buffer). */
@@ -48,12 +49,21 @@ async function finish(loader, tokenizerDir, contextLength) {
 }
 
 const methods = {
+  /** Where `init` is (answered while it is still waiting). */
+  initStage() {
+    return initStage;
+  },
+
   /** Instantiates the package of `backend` ("simd", "webgpu" or "threads", the latter with
    * `threads` pool threads). */
   async init({ backend, threads }) {
+    initStage = "importing the package";
     wasm = await import(backend === "threads" ? "/pkg-mt/lean_wasm.js" : "/pkg/lean_wasm.js");
+    initStage = "instantiating the module";
     await wasm.default();
+    initStage = "starting the thread pool";
     if (backend === "threads") await wasm.initThreadPool(threads);
+    initStage = "done";
     gpu = backend === "webgpu";
     return {
       backend: gpu ? "webgpu" : wasm.backend(),
