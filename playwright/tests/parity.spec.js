@@ -37,9 +37,10 @@ function requireFile(file) {
 /** Opens the test page and instantiates `backend`'s package in its worker. Instantiating takes
  * seconds, but in Firefox ESR the threads build's init has at times never finished (CI runs of
  * 2026-12-01 and 2026-12-02: several tests in a row, each also on its retry in a new browser,
- * then none). So an init gets 60 s, and one that does not finish is reported with the stage it
- * stopped at (an annotation of the test, in the summary's JSON) and tried again on a fresh
- * page, three attempts in all. */
+ * then none; the worker then answered no message at all, so it was blocked, not waiting). So
+ * an init gets 60 s, and one that does not finish is reported with the stage it stopped at (or
+ * that the worker is blocked; an annotation of the test, listed by summary.js) and tried again
+ * on a fresh page, three attempts in all. */
 async function start(page, backend, testInfo) {
   const attempts = 3;
   for (let attempt = 1; ; attempt++) {
@@ -60,7 +61,13 @@ async function start(page, backend, testInfo) {
       });
       return;
     }
-    const stage = await lean(page, "initStage");
+    // A worker blocked inside init (seen: Firefox, threads) answers nothing, not even this.
+    const asked = lean(page, "initStage");
+    asked.catch(() => {}); // the next page.goto abandons it
+    const stage = await Promise.race([
+      asked,
+      new Promise((resolve) => setTimeout(() => resolve("no answer in 5 s: the worker is blocked"), 5_000)),
+    ]);
     const description = `${backend} init attempt ${attempt} did not finish in 60 s (stopped at: ${stage})`;
     testInfo.annotations.push({ type: "init timeout", description });
     console.log(`${testInfo.project.name}: ${description}`);
