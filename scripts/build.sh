@@ -81,9 +81,11 @@ optimize() {
 }
 
 built=()
+# Every crate of the lock file, for every platform: `fetch --target wasm32-unknown-unknown` leaves
+# out crates that the offline build below still reads (it failed from an empty cargo registry).
+# fetch downloads only what is missing: nothing (and no network) once cached.
+(cd "$crate" && cargo fetch --locked >&2)
 if [ "$what" != mt ]; then
-    # fetch downloads only what is missing: nothing (and no network) once cached.
-    (cd "$crate" && cargo fetch --locked --target wasm32-unknown-unknown >&2)
     st_flags="-C target-feature=+simd128 $getrandom_cfg"
     (cd "$crate" && CARGO_TARGET_DIR="$target_dir" RUSTFLAGS="$st_flags" nice -n 19 \
         cargo build --offline --locked --release --target wasm32-unknown-unknown)

@@ -2,6 +2,10 @@
 //! (prefill the prompt as one batch, then decode token by token until a stop condition). The
 //! loop is resumable: `begin` / `step` / `finish` run it one token per call, for callers that must
 //! return to an event loop between tokens (the WebAssembly bindings); `generate` loops over them.
+//!
+//! The session's KV cache outlives a generation: the engine remembers the ids whose keys and
+//! values it holds, and a prompt that starts with them (the next turn of a chat) prefills only
+//! the rest. A prompt that diverges keeps the common prefix. Rolling back is a length change.
 use crate::cpu::CpuSession;
 use crate::error::{LeanError, Result};
 use crate::model::Model;
@@ -75,6 +79,9 @@ pub struct TokenEvent {
 #[derive(Clone, Debug, Default)]
 pub struct Timings {
     pub prompt_tokens: usize,
+    /// Prompt tokens whose keys/values came from the cache (not run again); the prefill ran
+    /// `prompt_tokens - cached_tokens`.
+    pub cached_tokens: usize,
     pub generated_tokens: usize,
     pub prefill_seconds: f64,
     /// Time spent in `step` and `finish`: not the caller's time between steps (nor `generate`'s
@@ -83,8 +90,9 @@ pub struct Timings {
 }
 
 impl Timings {
+    /// Over the prompt tokens the prefill ran (cached ones excluded).
     pub fn prefill_tokens_per_second(&self) -> f64 {
-        self.prompt_tokens as f64 / self.prefill_seconds.max(1e-9)
+        (self.prompt_tokens - self.cached_tokens) as f64 / self.prefill_seconds.max(1e-9)
     }
     /// Decode rate over the tokens after the first (the first comes out of the prefill).
     pub fn decode_tokens_per_second(&self) -> f64 {
@@ -107,6 +115,9 @@ pub struct Engine {
     session: Box<dyn Session>,
     /// The generation whose KV cache the session holds (see [`ActiveGeneration`]).
     session_owner: u64,
+    /// The ids whose keys/values the session holds, position by position (its `position()`
+    /// of them): what a later prompt may reuse.
+    cached: Vec<u32>,
 }
 
 /// Wall-clock seconds, where the platform has a clock (wasm32-unknown-unknown has none in std).
@@ -146,6 +157,7 @@ impl Engine {
             tokenizer,
             session,
             session_owner: NO_SESSION_OWNER,
+            cached: Vec::new(),
         })
     }
 
@@ -172,6 +184,36 @@ impl Engine {
         self.session.kv_bytes()
     }
 
+    /// The ids whose keys/values the cache holds (the last conversation: its prompt and the
+    /// tokens generated after it that ran through the model).
+    pub fn cached_ids(&self) -> &[u32] {
+        &self.cached
+    }
+
+    /// How many of `prompt`'s ids the next generation would take from the cache: the common
+    /// prefix with [`Engine::cached_ids`], less the last prompt token (which must run to give
+    /// the next token's logits).
+    pub fn reusable_tokens(&self, prompt: &Prompt) -> Result<usize> {
+        Ok(self.reusable_prefix(&self.encode(prompt)?))
+    }
+
+    fn reusable_prefix(&self, ids: &[u32]) -> usize {
+        let common = self
+            .cached
+            .iter()
+            .zip(ids)
+            .take_while(|(a, b)| a == b)
+            .count();
+        common.min(ids.len().saturating_sub(1))
+    }
+
+    /// Forgets the cache: the next generation prefills its whole prompt.
+    pub fn reset_cache(&mut self) {
+        self.session_owner = NO_SESSION_OWNER;
+        self.cached.clear();
+        self.session.truncate(0);
+    }
+
     pub fn encode(&self, prompt: &Prompt) -> Result<Vec<u32>> {
         Ok(match prompt {
             Prompt::Raw(text) => self.tokenizer.encode(text, true)?,
@@ -187,10 +229,11 @@ impl Engine {
         on_logits: impl FnMut(usize, &[f32]) + Send,
     ) -> Result<()> {
         let mut on_logits = on_logits;
-        self.session_owner = NO_SESSION_OWNER;
-        self.session.truncate(0);
+        self.reset_cache();
         self.session
-            .forward(&self.model, ids, Logits::All, &mut on_logits)
+            .forward(&self.model, ids, Logits::All, &mut on_logits)?;
+        self.cached.extend_from_slice(ids);
+        Ok(())
     }
 
     /// Generates from `prompt`, calling `on_token` for every token; return `false` from it to stop.
@@ -237,12 +280,11 @@ impl Engine {
     ) -> Result<ActiveGeneration> {
         let mut active = self.prepare(prompt, options)?;
         let t0 = now();
-        active.next_argmax = self.session.forward_last(
-            &self.model,
-            &active.ids,
-            active.argmax_only,
-            &mut active.logits,
-        )?;
+        let fresh = &active.ids[active.timings.cached_tokens..];
+        let result =
+            self.session
+                .forward_last(&self.model, fresh, active.argmax_only, &mut active.logits);
+        active.next_argmax = self.settle_prefill(&active, result)?;
         active.timings.prefill_seconds = since(t0);
         Ok(active)
     }
@@ -256,17 +298,30 @@ impl Engine {
     ) -> Result<ActiveGeneration> {
         let mut active = self.prepare(prompt, options)?;
         let t0 = now();
-        active.next_argmax = self
+        let fresh = &active.ids[active.timings.cached_tokens..];
+        let result = self
             .session
-            .forward_last_async(
-                &self.model,
-                &active.ids,
-                active.argmax_only,
-                &mut active.logits,
-            )
-            .await?;
+            .forward_last_async(&self.model, fresh, active.argmax_only, &mut active.logits)
+            .await;
+        active.next_argmax = self.settle_prefill(&active, result)?;
         active.timings.prefill_seconds = since(t0);
         Ok(active)
+    }
+
+    /// Books a prefill's outcome in the cache: the prompt is cached, or (after an error) nothing.
+    fn settle_prefill(&mut self, active: &ActiveGeneration, result: Result<u32>) -> Result<u32> {
+        match result {
+            Ok(next) => {
+                self.cached.truncate(active.timings.cached_tokens);
+                self.cached
+                    .extend_from_slice(&active.ids[active.timings.cached_tokens..]);
+                Ok(next)
+            }
+            Err(e) => {
+                self.reset_cache();
+                Err(e)
+            }
+        }
     }
 
     /// `begin` up to the prompt's forward pass: encodes and checks the prompt, makes the sampler.
@@ -289,7 +344,18 @@ impl Engine {
         // per token instead of the logits.
         let argmax_only =
             sampler.params().is_greedy() && sampler.params().repetition_penalty == 1.0;
-        self.session.truncate(0);
+        // The cache is only trusted while it and the session agree on its length.
+        if self.cached.len() != self.session.position() {
+            self.cached.clear();
+            self.session.truncate(0);
+        }
+        let reused = self.reusable_prefix(&prompt_ids);
+        self.cached.truncate(reused);
+        self.session.truncate(reused);
+        let timings = Timings {
+            cached_tokens: reused,
+            ..Timings::default()
+        };
         Ok(ActiveGeneration {
             session_owner: self.session_owner,
             prompt_len: prompt_ids.len(),
@@ -307,7 +373,7 @@ impl Engine {
             pending_forward: None,
             decoder: StreamDecoder::new(true),
             finish_reason: None,
-            timings: Timings::default(),
+            timings,
         })
     }
 
@@ -327,10 +393,13 @@ impl Engine {
                 self.session
                     .forward_last(&self.model, &[id], false, &mut active.logits)
             }
-            .map(|next| active.next_argmax = next);
+            .map(|next| {
+                active.next_argmax = next;
+                self.cached.push(id);
+            });
         }
         let step = result.and_then(|()| self.sample_next(active));
-        Self::settle(active, t0, step)
+        self.settle(active, t0, step)
     }
 
     /// `step` for sessions that return results asynchronously (see `begin_async`).
@@ -350,10 +419,13 @@ impl Engine {
                     .forward_last_async(&self.model, &tokens, false, &mut active.logits)
                     .await
             }
-            .map(|next| active.next_argmax = next);
+            .map(|next| {
+                active.next_argmax = next;
+                self.cached.push(id);
+            });
         }
         let step = result.and_then(|()| self.sample_next(active));
-        Self::settle(active, t0, step)
+        self.settle(active, t0, step)
     }
 
     fn check_step(&self, active: &ActiveGeneration) -> Result<()> {
@@ -373,8 +445,10 @@ impl Engine {
         Ok(())
     }
 
-    /// Books a step's time; a failed step ends the generation (its cache and ids may disagree).
+    /// Books a step's time; a failed step ends the generation (its cache and ids may disagree,
+    /// so the cache is forgotten).
     fn settle(
+        &mut self,
         active: &mut ActiveGeneration,
         t0: Option<std::time::Instant>,
         step: Result<Step>,
@@ -382,6 +456,7 @@ impl Engine {
         active.timings.decode_seconds += since(t0);
         if step.is_err() {
             active.session_owner = NO_SESSION_OWNER;
+            self.reset_cache();
         }
         step
     }

@@ -175,3 +175,84 @@ pub fn check_engine(
     assert!(checked > 0, "no fixture case selected");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Greedy ids of `ids` continued for `n` tokens (no stop ids), and how many prompt tokens came
+/// from the engine's cache.
+fn greedy(engine: &mut Engine, ids: &[u32], n: usize) -> (Vec<u32>, usize) {
+    let options = GenerateOptions {
+        max_tokens: n,
+        stop_token_ids: Some(vec![]),
+        ..Default::default()
+    };
+    let g = engine
+        .generate(&Prompt::Ids(ids.to_vec()), &options, |_| true)
+        .unwrap();
+    (g.token_ids, g.timings.cached_tokens)
+}
+
+/// The KV cache carried across generations gives the reference's tokens: for every fixture case,
+/// after whatever the previous case left in the cache (a diverging prompt: the common prefix is
+/// kept), (a) the first half of the greedy ids; (b) the conversation going on — the prompt plus
+/// that half, of which all but the last token come from the cache — gives the second half;
+/// (c) a prompt that stops inside the cache (a roll back) gives the ids after it. Greedy ids
+/// generated with reuse must equal the HF reference as a fresh engine's do (a difference is
+/// reported as a near-tie where the reference's margin is small: prefill and decode sum in
+/// different orders).
+/// `include` and `max_greedy` select cases and ids as for [`check_engine`].
+pub fn check_reuse(
+    engine: &mut Engine,
+    file: &str,
+    include: impl Fn(&str) -> bool,
+    max_greedy: Option<usize>,
+) {
+    let fixture = fixture_for(file);
+    let mut failures = Vec::new();
+    let mut compare = |case: &Case, what: &str, ours: &[u32], from: usize| {
+        let want = &case.greedy_ids[from..from + ours.len()];
+        if let Some(i) = ours.iter().zip(want).position(|(a, b)| a != b) {
+            let step = &case.steps[from + i];
+            let kind = if step.margin() < NEAR_TIE {
+                "near-tie"
+            } else {
+                "REAL MISMATCH"
+            };
+            failures.push(format!(
+                "{file} {} ({what}): greedy step {}: ours {} ref {} ({kind}: reference margin {:.4})",
+                case.name,
+                from + i,
+                ours[i],
+                want[i],
+                step.margin()
+            ));
+        }
+    };
+    let mut reused = 0;
+    let mut checked = 0;
+    for case in fixture.cases.iter().filter(|c| include(&c.name)) {
+        checked += 1;
+        let greedy_len = max_greedy.map_or(case.greedy_ids.len(), |m| m.min(case.greedy_ids.len()));
+        let half = greedy_len / 2;
+        let (first, _) = greedy(engine, &case.prompt_ids, half);
+        compare(case, "first turn", &first, 0);
+
+        let next: Vec<u32> = case.prompt_ids.iter().chain(&case.greedy_ids[..half]).copied().collect();
+        let rest = greedy_len - half;
+        let (second, cached) = greedy(engine, &next, rest);
+        assert_eq!(cached, next.len() - 1, "{file} {}: the next turn reuses all but its last token", case.name);
+        compare(case, "next turn from the cache", &second, half);
+        reused += cached;
+
+        let back = half / 2;
+        let shorter: Vec<u32> = case.prompt_ids.iter().chain(&case.greedy_ids[..back]).copied().collect();
+        let (third, cached) = greedy(engine, &shorter, 4);
+        assert_eq!(cached, shorter.len() - 1, "{file} {}: a rolled-back prompt reuses its prefix", case.name);
+        compare(case, "rolled back", &third, back);
+        reused += cached;
+    }
+    eprintln!(
+        "{file} on {}: reuse checked on {checked} cases, {reused} prompt tokens taken from the cache",
+        engine.backend()
+    );
+    assert!(checked > 0, "no fixture case selected");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
