@@ -5,6 +5,7 @@
 # it works offline).
 #   scripts/demo.sh                 build + serve the browser demo
 #   scripts/demo.sh --cli ["question"] [lean-cli flags]   the same model in the terminal
+# Env: LEAN_MODELS (default models/), LEAN_DEMO_PORT (default 5173).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export LEAN_MODELS=${LEAN_MODELS:-$PWD/models}
@@ -22,5 +23,6 @@ scripts/build.sh
 npm ci --no-audit --no-fund
 npm run build -w lean-js
 npm run build -w lean-demo
-echo "lean demo: open http://127.0.0.1:5173/ (chat) and http://127.0.0.1:5173/device.html (device check)"
-exec npm run preview -w lean-demo -- --host 127.0.0.1 --port 5173 --strictPort
+port=${LEAN_DEMO_PORT:-5173}
+echo "lean demo: open http://127.0.0.1:$port/ (chat) and http://127.0.0.1:$port/device.html (device check)"
+exec npm run preview -w lean-demo -- --host 127.0.0.1 --port "$port" --strictPort

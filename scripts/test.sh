@@ -5,6 +5,8 @@
 #      all five model files on the CPU and on the GPU backend — lavapipe when no GPU is there),
 #   2. a wasm32 (+simd128) check of the library crates,
 #   3. both WebAssembly builds (scripts/build.sh) and lean-js's unit tests (vitest),
+#   3b. the README's first command (scripts/demo.sh) from an empty cargo registry and npm cache,
+#      serving the demo (scripts/check-demo-fresh.sh),
 #   4. the browser tests (Playwright: Chromium and Firefox × simd/threads × every model).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +29,10 @@ scripts/build.sh
 npm ci --no-audit --no-fund
 npm test 2>&1 | tee "$log.js"
 
+echo "== the README's first command (scripts/demo.sh) from an empty cargo registry and npm cache"
+demo_status=0
+scripts/check-demo-fresh.sh || demo_status=$?
+
 echo "== browsers (Playwright)"
 browser_status=0
 scripts/test-browser.sh 2>&1 | tee "$log.browser" || browser_status=$?
@@ -36,4 +42,6 @@ scripts/test-browser.sh 2>&1 | tee "$log.browser" || browser_status=$?
 awk '/^test result:/ { p += $4; f += $6 } END { printf "rust: %d passed, %d failed\n", p, f }' "$log"
 sed 's/\x1b\[[0-9;]*m//g' "$log.js" | grep -E '^ +Tests +' | tail -1 | sed 's/^ */lean-js: /' || true
 grep -E '^browser: ' "$log.browser" | tail -1 || true
-exit "$browser_status"
+[ "$demo_status" = 0 ] || echo "check-demo-fresh: the README's first command failed (above)"
+[ "$browser_status" = 0 ] || exit "$browser_status"
+exit "$demo_status"

@@ -24,7 +24,7 @@ async function read(stream, { stopAfter = Infinity, stop = () => {} } = {}) {
 
 window.leanJs = {
   /** Creates the engine; reports where each file came from (network or cache). */
-  async load({ model, backend, threads, cache }) {
+  async load({ model, backend, threads, cache, threadPoolTimeoutMs, testHooks }) {
     engine?.dispose();
     const sources = {};
     const warnings = [];
@@ -34,6 +34,8 @@ window.leanJs = {
       backend,
       threads,
       cache,
+      threadPoolTimeoutMs,
+      testHooks,
       contextLength: 1024,
       onProgress: ({ file, source }) => {
         sources[file] = source;
@@ -43,10 +45,21 @@ window.leanJs = {
     return {
       loadMs: performance.now() - started,
       backend: engine.backend,
+      backendReason: engine.backendReason,
       crossOriginIsolated: globalThis.crossOriginIsolated,
       sources,
       warnings,
     };
+  },
+
+  /** `load`'s error as {name, message}, or null when it loaded. */
+  async loadError(options) {
+    try {
+      await this.load(options);
+      return null;
+    } catch (e) {
+      return { name: e.name, message: e.message };
+    }
   },
 
   /** A whole greedy generation. */

@@ -5,6 +5,8 @@
 // - a model loaded from URLs is kept in Cache Storage: after dispose, the second load makes no
 //   request for any model file (server.js counts requests per path, the worker's included) and
 //   still generates exactly.
+// - a thread pool that never starts (the worker blocks, as Firefox under automation has made it
+//   do) is bounded: backend "auto" falls back to simd and is exact, "threads" fails clearly;
 // Model: smollm2-135m-instruct-q4_0, case chat_short of its fixture (fixtures/hf). Needs
 // `npm run build -w lean-js` (scripts/test-browser.sh does it) and $LEAN_MODELS (default
 // models/); a missing model skips, or fails when $CI is set.
@@ -165,4 +167,30 @@ test("webgpu: after a stopped generation the same prompt gives the reference ids
     tokenIds: greedy.slice(0, tokens),
   });
   await call(page, "dispose");
+});
+
+test("threads: a pool that never starts falls back to simd (auto), exactly, or fails clearly (threads)", async ({ page }) => {
+  requireFiles();
+  await openPage(page);
+  const blocked = { model: modelUrls, threads, cache: false, threadPoolTimeoutMs: 3000, testHooks: { blockThreadPoolStart: true } };
+  const started = Date.now();
+  const loaded = await call(page, "load", { ...blocked, backend: "auto" });
+  expect(loaded).toMatchObject({
+    backend: "simd",
+    backendReason: "the threads backend's pool of 2 Web Workers did not start within 3 s, twice, so lean fell back to simd",
+    warnings: [],
+  });
+  const fellBackMs = Date.now() - started;
+  const generated = await call(page, "generate", chatShort.messages, greedy.length);
+  expect(generated).toEqual({ streamedIds: greedy, error: null, finishReason: "length", tokenIds: greedy });
+  await call(page, "dispose");
+
+  const error = await call(page, "loadError", { ...blocked, backend: "threads" });
+  expect(error).toEqual({
+    name: "BackendUnavailableError",
+    message:
+      "the threads backend's pool of 2 Web Workers did not start within 3 s, twice: " +
+      'choose backend "simd" (or "auto", which falls back to it)',
+  });
+  console.log(`${test.info().project.name}: a blocked pool start fell back to simd after ${fellBackMs} ms`);
 });

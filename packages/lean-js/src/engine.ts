@@ -44,6 +44,14 @@ export interface TokenStream extends AsyncIterableIterator<Token> {
   return(): Promise<IteratorResult<Token>>;
 }
 
+/** How long the threads backend's pool of Web Workers may take to start before the load gives up on it. */
+export const DEFAULT_THREAD_POOL_TIMEOUT_MS = 20_000;
+
+export interface StartOptions {
+  /** Default {@link DEFAULT_THREAD_POOL_TIMEOUT_MS}. */
+  threadPoolTimeoutMs?: number;
+}
+
 export interface LoadHooks {
   onProgress?: (progress: LoadProgress) => void;
   onWarning?: (message: string) => void;
@@ -151,36 +159,102 @@ export class Engine {
     };
   }
 
-  /** Loads a model in `worker`; resolves once it is ready. Rejects (and terminates the worker) on failure. */
-  static start(worker: WorkerLike, load: Omit<LoadRequest, "type" | "id">, hooks: LoadHooks = {}): Promise<Engine> {
-    const done = deferred<Engine>();
-    const fail = (error: Error) => {
-      worker.terminate();
-      done.reject(error);
-    };
-    worker.onmessage = (event) => {
-      const reply = event.data;
-      switch (reply.type) {
-        case "progress":
-          hooks.onProgress?.(reply.progress);
-          return;
-        case "warning":
-          (hooks.onWarning ?? console.warn)(reply.message);
-          return;
-        case "loaded":
-          done.resolve(new Engine(worker, reply));
-          return;
-        case "error":
-          fail(fromWireError(reply.error));
-          return;
+  /**
+   * Loads a model in a worker; resolves once it is ready. Rejects (and terminates the worker)
+   * on failure. The threads backend's pool start is the one step that can hang for good (a
+   * worker blocked in it answers nothing): it gets `threadPoolTimeoutMs`, then one more try on
+   * a fresh worker, then (for backend "auto") the simd backend, with the reason in
+   * `backendReason`. Retrying needs `worker` to be a factory of workers.
+   */
+  static async start(
+    worker: WorkerLike | (() => WorkerLike),
+    load: Omit<LoadRequest, "type" | "id">,
+    hooks: LoadHooks = {},
+    options: StartOptions = {},
+  ): Promise<Engine> {
+    const timeoutMs = options.threadPoolTimeoutMs ?? DEFAULT_THREAD_POOL_TIMEOUT_MS;
+    const newWorker = typeof worker === "function" ? worker : null;
+    let given: WorkerLike | null = newWorker ? null : (worker as WorkerLike);
+    let request = load;
+    /** Pool starts that timed out, and the size of the pool. */
+    let stalls = 0;
+    let poolSize = 0;
+    const stalled = () =>
+      `the threads backend's pool of ${poolSize} Web Workers did not start within ${timeoutMs / 1000} s` +
+      (stalls > 1 ? `, ${stalls === 2 ? "twice" : `${stalls} times`}` : "");
+    for (;;) {
+      const target = given ?? newWorker!();
+      given = null;
+      const outcome = await Engine.#attempt(target, request, hooks, timeoutMs);
+      if ("loaded" in outcome) {
+        const { loaded } = outcome;
+        let backendReason = loaded.backendReason;
+        if (stalls > 0 && loaded.backend === "threads") backendReason += ` (${stalled()} once; the next try did)`;
+        else if (stalls > 0) backendReason = `${stalled()}, so lean fell back to ${loaded.backend}`;
+        return new Engine(target, { ...loaded, backendReason });
       }
-    };
-    worker.onerror = (event) => {
-      event.preventDefault?.();
-      fail(leanError(ErrorName.Disposed, `the lean worker failed to start: ${event.message ?? "unknown error"}`));
-    };
-    worker.postMessage({ type: "load", id: 0, ...load }, transferables(load));
-    return done.promise;
+      stalls += 1;
+      poolSize = outcome.threads;
+      const canRetry = newWorker !== null && !hasDetachedBytes(load);
+      if (canRetry && stalls === 1) continue; // once more, on a fresh worker
+      if (canRetry && load.backend === "auto" && request.backend === "auto") {
+        request = { ...load, backend: "simd" };
+        continue;
+      }
+      throw leanError(
+        ErrorName.BackendUnavailable,
+        stalled() + (canRetry ? ': choose backend "simd" (or "auto", which falls back to it)' : ""),
+      );
+    }
+  }
+
+  /** One load in `worker`: its "loaded" reply, or that its thread pool did not start in time (then the worker is terminated). */
+  static #attempt(
+    worker: WorkerLike,
+    load: Omit<LoadRequest, "type" | "id">,
+    hooks: LoadHooks,
+    poolTimeoutMs: number,
+  ): Promise<{ loaded: Extract<Reply, { type: "loaded" }> } | { poolTimedOut: true; threads: number }> {
+    return new Promise((resolve, reject) => {
+      let poolTimer: ReturnType<typeof setTimeout> | undefined;
+      const fail = (error: Error) => {
+        clearTimeout(poolTimer);
+        worker.terminate();
+        reject(error);
+      };
+      worker.onmessage = (event) => {
+        const reply = event.data;
+        switch (reply.type) {
+          case "progress":
+            hooks.onProgress?.(reply.progress);
+            return;
+          case "warning":
+            (hooks.onWarning ?? console.warn)(reply.message);
+            return;
+          case "poolStarting":
+            poolTimer = setTimeout(() => {
+              worker.terminate();
+              resolve({ poolTimedOut: true, threads: reply.threads });
+            }, poolTimeoutMs);
+            return;
+          case "poolStarted":
+            clearTimeout(poolTimer);
+            return;
+          case "loaded":
+            clearTimeout(poolTimer);
+            resolve({ loaded: reply });
+            return;
+          case "error":
+            fail(fromWireError(reply.error));
+            return;
+        }
+      };
+      worker.onerror = (event) => {
+        event.preventDefault?.();
+        fail(leanError(ErrorName.Disposed, `the lean worker failed to start: ${event.message ?? "unknown error"}`));
+      };
+      worker.postMessage({ type: "load", id: 0, ...load }, transferables(load));
+    });
   }
 
   /** False once the engine was disposed or the WebAssembly module trapped (see `failure`). */
@@ -338,6 +412,11 @@ export class Engine {
       this.#post(request);
     });
   }
+}
+
+/** Whether an ArrayBuffer of the load went to an earlier worker (a retry cannot send it again). */
+function hasDetachedBytes(load: Omit<LoadRequest, "type" | "id">): boolean {
+  return transferables(load).some((buffer) => (buffer as ArrayBuffer & { detached?: boolean }).detached === true);
 }
 
 /** The ArrayBuffers of a load request, moved to the worker instead of copied. */

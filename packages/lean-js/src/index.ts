@@ -10,12 +10,12 @@
  */
 import { DEFAULT_CACHE_NAME, deleteCachedFiles, listCachedFiles, type CachedFile } from "./cache.js";
 import { catalog, catalogFiles, findModel, type CatalogModel } from "./catalog.js";
-import { Engine, type LoadHooks } from "./engine.js";
+import { Engine, type LoadHooks, type WorkerLike } from "./engine.js";
 import { ErrorName, leanError } from "./errors.js";
-import type { BackendChoice, LoadProgress, WireFile, WireModel } from "./protocol.js";
+import type { BackendChoice, LoadProgress, TestHooks, WireFile, WireModel } from "./protocol.js";
 
-export { Engine } from "./engine.js";
-export type { GenerateOptions, TokenStream, WorkerLike } from "./engine.js";
+export { DEFAULT_THREAD_POOL_TIMEOUT_MS, Engine } from "./engine.js";
+export type { GenerateOptions, StartOptions, TokenStream, WorkerLike } from "./engine.js";
 export { ErrorName } from "./errors.js";
 export { catalog, findModel } from "./catalog.js";
 export type { CatalogFile, CatalogModel } from "./catalog.js";
@@ -32,6 +32,7 @@ export type {
   GenerateParams,
   GenerationResult,
   GpuNeeds,
+  TestHooks,
   LoadProgress,
   ModelInfo,
   Token,
@@ -72,6 +73,15 @@ export interface CreateEngineOptions {
   cache?: string | false;
   /** Aborting stops the download/load (the worker is terminated). */
   signal?: AbortSignal;
+  /**
+   * How long the threads backend's pool of Web Workers may take to start (default
+   * DEFAULT_THREAD_POOL_TIMEOUT_MS). A pool that does not start in time is tried once more on a
+   * fresh worker; then backend "auto" falls back to simd (`backendReason` says so) and backend
+   * "threads" fails with BackendUnavailableError.
+   */
+  threadPoolTimeoutMs?: number;
+  /** For lean's own tests only: failures to induce. */
+  testHooks?: TestHooks;
 }
 
 const DEFAULT_CONTEXT_LENGTH = 4096;
@@ -165,12 +175,18 @@ export async function createEngine(options: CreateEngineOptions): Promise<Engine
   const { wire, entry } = resolveModel(options.model, options);
   positiveInteger(options.contextLength, "contextLength");
   positiveInteger(options.threads, "threads");
+  positiveInteger(options.threadPoolTimeoutMs, "threadPoolTimeoutMs");
   const { signal } = options;
   signal?.throwIfAborted();
-  const worker = new Worker(new URL("./worker.js", import.meta.url), { type: "module", name: "lean" });
+  // The load may need more than one worker (see Engine.start): abort ends the current one.
+  let worker: WorkerLike | null = null;
+  const newWorker = () => {
+    worker = new Worker(new URL("./worker.js", import.meta.url), { type: "module", name: "lean" });
+    return worker;
+  };
   const hooks: LoadHooks = { onProgress: options.onProgress, onWarning: options.onWarning };
   const started = Engine.start(
-    worker,
+    newWorker,
     {
       model: wire,
       backend: options.backend ?? "auto",
@@ -178,13 +194,15 @@ export async function createEngine(options: CreateEngineOptions): Promise<Engine
       threads: options.threads ?? globalThis.navigator?.hardwareConcurrency ?? 1,
       cacheName: options.cache === false ? null : (options.cache ?? DEFAULT_CACHE_NAME),
       gpuNeeds: entry?.gpu ?? null,
+      ...(options.testHooks ? { testHooks: options.testHooks } : {}),
     },
     hooks,
+    { threadPoolTimeoutMs: options.threadPoolTimeoutMs },
   );
   if (!signal) return started;
   return new Promise<Engine>((resolve, reject) => {
     const onAbort = () => {
-      worker.terminate();
+      (worker as WorkerLike | null)?.terminate();
       reject(signal.reason ?? leanError(ErrorName.Abort, "loading the model was aborted"));
     };
     signal.addEventListener("abort", onAbort, { once: true });

@@ -121,6 +121,14 @@ export interface LoadRequest {
   cacheName: string | null;
   /** The WebGPU limits the model needs (see capabilities.ts), when known. */
   gpuNeeds: GpuNeeds | null;
+  /** For lean's own tests: make the failure this names happen. */
+  testHooks?: TestHooks;
+}
+
+/** Failures lean's tests induce on purpose (never set by an app). */
+export interface TestHooks {
+  /** The threads backend's worker blocks for good where it would start its thread pool. */
+  blockThreadPoolStart?: boolean;
 }
 
 export type Request =
@@ -133,6 +141,9 @@ export type Request =
 export type Reply =
   | { type: "progress"; id: number; progress: LoadProgress }
   | { type: "warning"; id: number; message: string }
+  /** The threads backend starts its pool of Web Workers (the load's one unbounded wait: timed by the engine). */
+  | { type: "poolStarting"; id: number; threads: number }
+  | { type: "poolStarted"; id: number }
   | { type: "loaded"; id: number; backend: Backend; backendReason: string; info: ModelInfo }
   | { type: "tokens"; id: number; tokens: Token[] }
   | { type: "done"; id: number; result: GenerationResult }

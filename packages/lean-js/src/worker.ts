@@ -145,7 +145,12 @@ async function load(request: LoadRequest): Promise<void> {
   await wasm.default();
   if (decision.backend === "threads") {
     if (!wasm.initThreadPool) throw new Error("the threads build has no initThreadPool");
+    // The main thread times this step: a pool that never starts leaves this worker blocked for
+    // good (seen in Firefox under automation), and only terminating it gets out.
+    post({ type: "poolStarting", id: request.id, threads: request.threads });
+    if (request.testHooks?.blockThreadPoolStart) blockForGood();
     await wasm.initThreadPool(request.threads);
+    post({ type: "poolStarted", id: request.id });
   }
 
   const deps = { fetch: globalThis.fetch.bind(globalThis), caches: globalThis.caches as CacheStorage | undefined };
@@ -367,6 +372,12 @@ async function generate(id: number, prompt: WirePrompt, params: GenerateParams):
   } finally {
     active = null;
   }
+}
+
+/** What a hung pool start looks like from outside: this worker blocks and answers nothing. */
+function blockForGood(): never {
+  Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0);
+  throw new Error("unreachable: Atomics.wait on a value nobody changes returned");
 }
 
 /** Runs this worker as a thread of the threads build's pool, on the module and memory it was sent. */

@@ -128,6 +128,87 @@ describe("Engine.start", () => {
   });
 });
 
+describe("Engine.start: the threads backend's pool start is bounded", () => {
+  /** Workers made on demand; each answers the load as `script` says. */
+  function factory(script: (worker: FakeWorker, request: Extract<Request, { type: "load" }>) => void) {
+    const made: FakeWorker[] = [];
+    const make = () => {
+      const worker = new FakeWorker();
+      const post = worker.postMessage.bind(worker);
+      worker.postMessage = (message, transfer) => {
+        post(message, transfer);
+        if (message.type === "load") queueMicrotask(() => script(worker, message));
+      };
+      made.push(worker);
+      return worker;
+    };
+    return { make, made };
+  }
+  const hangs = (worker: FakeWorker) => worker.reply({ type: "poolStarting", id: 0, threads: 2 });
+
+  it("falls back to simd after two pool starts that never finish (backend auto), saying why", async () => {
+    const { make, made } = factory((worker, request) => {
+      if (request.backend !== "simd") return hangs(worker);
+      worker.reply({ type: "loaded", id: 0, backend: "simd", backendReason: "requested", info });
+    });
+    const engine = await Engine.start(make, load, {}, { threadPoolTimeoutMs: 20 });
+    expect(made.map((w) => [w.last("load").backend, w.terminated])).toEqual([
+      ["auto", true],
+      ["auto", true],
+      ["simd", false],
+    ]);
+    expect(engine.backend).toBe("simd");
+    expect(engine.backendReason).toBe(
+      "the threads backend's pool of 2 Web Workers did not start within 0.02 s, twice, so lean fell back to simd",
+    );
+  });
+
+  it("a second try on a fresh worker that starts is used as is", async () => {
+    const { make, made } = factory((worker) => {
+      worker.reply({ type: "poolStarting", id: 0, threads: 2 });
+      if (made.length === 1) return;
+      worker.reply({ type: "poolStarted", id: 0 });
+      worker.reply({ type: "loaded", id: 0, backend: "threads", backendReason: "cross-origin isolated", info });
+    });
+    const engine = await Engine.start(make, load, {}, { threadPoolTimeoutMs: 20 });
+    expect(made.length).toBe(2);
+    expect(engine).toMatchObject({ backend: "threads" });
+    expect(engine.backendReason).toBe(
+      "cross-origin isolated (the threads backend's pool of 2 Web Workers did not start within 0.02 s once; the next try did)",
+    );
+  });
+
+  it("fails with BackendUnavailableError when threads was asked for", async () => {
+    const { make, made } = factory((worker) => hangs(worker));
+    await expect(Engine.start(make, { ...load, backend: "threads" }, {}, { threadPoolTimeoutMs: 20 })).rejects.toMatchObject({
+      name: "BackendUnavailableError",
+      message:
+        "the threads backend's pool of 2 Web Workers did not start within 0.02 s, twice: " +
+        'choose backend "simd" (or "auto", which falls back to it)',
+    });
+    expect(made.map((w) => w.terminated)).toEqual([true, true]);
+  });
+
+  it("a pool that starts in time is not timed out", async () => {
+    const { make, made } = factory((worker) => {
+      worker.reply({ type: "poolStarting", id: 0, threads: 2 });
+      worker.reply({ type: "poolStarted", id: 0 });
+      setTimeout(() => worker.reply({ type: "loaded", id: 0, backend: "threads", backendReason: "isolated", info }), 60);
+    });
+    const engine = await Engine.start(make, load, {}, { threadPoolTimeoutMs: 20 });
+    expect(made.length).toBe(1);
+    expect(engine).toMatchObject({ backend: "threads", backendReason: "isolated" });
+  });
+
+  it("with one worker given (no factory) a hung pool start is an error", async () => {
+    const worker = new FakeWorker();
+    const pending = Engine.start(worker, load, {}, { threadPoolTimeoutMs: 20 });
+    hangs(worker);
+    await expect(pending).rejects.toMatchObject({ name: "BackendUnavailableError" });
+    expect(worker.terminated).toBe(true);
+  });
+});
+
 describe("Engine.generate", () => {
   it("streams tokens and resolves the result", async () => {
     const { engine, worker } = await started();

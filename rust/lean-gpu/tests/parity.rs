@@ -66,6 +66,7 @@ fn check_model(
     .expect("engine");
     if full() {
         parity_check::check_engine(&mut engine, file, |_| true, None);
+        parity_check::check_reuse(&mut engine, file, |_| true, None);
     } else {
         parity_check::check_engine(
             &mut engine,
@@ -73,6 +74,8 @@ fn check_model(
             |name| cases.contains(&name),
             Some(max_greedy),
         );
+        // The cache carried across turns: one short case (lavapipe is slow).
+        parity_check::check_reuse(&mut engine, file, |name| name == "raw_code", Some(8));
     }
 }
 
