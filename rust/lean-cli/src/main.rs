@@ -1,5 +1,7 @@
-//! lean-cli: generate text from a GGUF model on the command line, or benchmark it.
+//! lean-cli: generate text from a GGUF model on the command line, benchmark it, or serve it
+//! over OpenAI's HTTP API.
 mod bench;
+mod serve;
 
 use clap::{Args, Parser, Subcommand};
 use lean::cpu::CpuSession;
@@ -31,6 +33,8 @@ struct Cli {
 enum Command {
     /// Prefill and decode speed over repetitions, with peak memory.
     Bench(bench::BenchArgs),
+    /// A local OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions).
+    Serve(serve::ServeArgs),
 }
 
 #[derive(Args, Clone)]
@@ -94,6 +98,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::Bench(args)) => bench::run(args),
+        Some(Command::Serve(args)) => serve::run(args),
         None => run(cli.run),
     };
     match result {
@@ -105,7 +110,7 @@ fn main() -> ExitCode {
     }
 }
 
-type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
+pub type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
 pub fn init_threads(threads: Option<usize>) -> CliResult<usize> {
     let n = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -171,17 +176,27 @@ fn find_tokenizer(model: &Path) -> Option<PathBuf> {
     best.map(|(_, p)| p)
 }
 
-fn run(args: RunArgs) -> CliResult {
-    init_threads(args.common.threads)?;
-    let model_path = args.common.model.clone().ok_or("--model is required")?;
+/// The model file `--model` names, checked to exist, and the tokenizer to use with it: `explicit`
+/// (`--tokenizer`) or the one found next to the model.
+pub fn model_and_tokenizer_paths(
+    common: &Common,
+    explicit: Option<&PathBuf>,
+) -> CliResult<(PathBuf, PathBuf)> {
+    let model_path = common.model.clone().ok_or("--model is required")?;
     if !model_path.is_file() {
         return Err(format!("{}: no such model file", model_path.display()).into());
     }
-    let tok_path = match &args.tokenizer {
+    let tok_path = match explicit {
         Some(p) => p.clone(),
         None => find_tokenizer(&model_path)
             .ok_or("no tokenizer found next to the model: pass --tokenizer (a tokenizer.json or its directory)")?,
     };
+    Ok((model_path, tok_path))
+}
+
+fn run(args: RunArgs) -> CliResult {
+    init_threads(args.common.threads)?;
+    let (model_path, tok_path) = model_and_tokenizer_paths(&args.common, args.tokenizer.as_ref())?;
     let prompt = if let Some(file) = &args.messages {
         let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
         let messages: Vec<ChatMessage> = serde_json::from_str(&text).map_err(|e| {

@@ -1,0 +1,460 @@
+//! `lean-cli serve`: a local OpenAI-compatible HTTP server. Requests are parsed and tokenized
+//! here, generated on a slot's engine (slots.rs) and answered in OpenAI's format (openai.rs),
+//! whole or streamed as server-sent events.
+mod openai;
+mod slots;
+mod stop;
+
+use crate::{init_threads, load_model, model_and_tokenizer_paths, new_session, CliResult, Common};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use clap::Args;
+use futures_util::stream::{self, StreamExt};
+use lean::{ChatMessage, Engine, GenerateOptions, Tokenizer};
+use openai::{ApiError, Endpoint, Input, Request, ResponseHeader, Usage};
+use serde_json::json;
+use slots::{Job, QueueFull, SlotEvent, Slots};
+use std::convert::Infallible;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// Request bodies above this get 413 (a long conversation is well under it).
+const MAX_BODY_BYTES: usize = 4 << 20;
+/// Response header that says how many messages `--truncation auto` dropped.
+const DROPPED_MESSAGES_HEADER: &str = "x-lean-dropped-messages";
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    common: Common,
+    /// tokenizer.json or its directory (default: next to the model, as for generation).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Address to listen on (loopback by default: the server has no authentication).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on; 0 picks a free one (the bound address goes to stderr).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Generations that run at once, each with its own KV cache of --ctx positions and its own
+    /// thread (the model's weights are mapped once and shared).
+    #[arg(long, default_value_t = 1)]
+    slots: usize,
+    /// Requests that may wait for a slot; more are refused with 503.
+    #[arg(long, default_value_t = 64)]
+    queue: usize,
+    /// A conversation too long for the context: refused with 400 (off), or its oldest turns
+    /// after the system message dropped until it fits (auto; the response's
+    /// x-lean-dropped-messages header says how many messages).
+    #[arg(long, default_value = "off", value_parser = ["auto", "off"])]
+    truncation: String,
+}
+
+struct Server {
+    slots: Arc<Slots>,
+    /// For tokenizing requests before they have a slot (the slots' engines have their own).
+    tokenizer: Tokenizer,
+    context_length: usize,
+    model_name: String,
+    truncate: bool,
+    started: u64,
+}
+
+pub fn run(args: ServeArgs) -> CliResult {
+    if args.slots == 0 {
+        return Err("--slots must be at least 1".into());
+    }
+    init_threads(args.common.threads)?;
+    let (model_path, tok_path) = model_and_tokenizer_paths(&args.common, args.tokenizer.as_ref())?;
+    let mut engines = Vec::new();
+    for _ in 0..args.slots {
+        // Natively the model file is memory-mapped: every slot's engine shares its pages.
+        let (model, _) = load_model(&args.common)?;
+        let tokenizer = Tokenizer::from_path(&tok_path)?;
+        let backend = args.common.backend.clone();
+        engines.push(Engine::with_backend(
+            model,
+            tokenizer,
+            args.common.ctx,
+            |model, ctx| new_session(&backend, model, ctx),
+        )?);
+    }
+    eprintln!(
+        "lean: {} ({}) · backend {} · {} slot(s) of {} tokens",
+        model_path.display(),
+        engines[0].model.describe(),
+        engines[0].backend(),
+        engines.len(),
+        engines[0].context_length(),
+    );
+    let server = Arc::new(Server {
+        context_length: engines[0].context_length(),
+        tokenizer: Tokenizer::from_path(&tok_path)?,
+        slots: Slots::start(engines, args.queue),
+        model_name: model_path
+            .file_stem()
+            .map_or("model".into(), |s| s.to_string_lossy().into_owned()),
+        truncate: args.truncation == "auto",
+        started: unix_seconds(),
+    });
+    let app = Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(server);
+
+    // One thread for the HTTP side is plenty: it only parses and relays; the slots compute.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .map_err(|e| format!("cannot listen on {}:{}: {e}", args.host, args.port))?;
+        eprintln!("lean: listening on http://{}", listener.local_addr()?);
+        axum::serve(listener, app).await?;
+        Ok(())
+    })
+}
+
+fn unix_seconds() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+async fn health(State(server): State<Arc<Server>>) -> Json<serde_json::Value> {
+    Json(json!({
+        "status": "ok",
+        "slots": server.slots.len(),
+        "free_slots": server.slots.free_slots(),
+        "queued": server.slots.queued(),
+    }))
+}
+
+async fn models(State(server): State<Arc<Server>>) -> Json<serde_json::Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": server.model_name,
+            "object": "model",
+            "created": server.started,
+            "owned_by": "lean",
+        }],
+    }))
+}
+
+async fn not_found() -> ApiError {
+    ApiError {
+        code: Some("unknown_url"),
+        ..ApiError::status(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "unknown route: lean serves GET /v1/models, POST /v1/chat/completions, POST /v1/completions and GET /health",
+        )
+    }
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::status(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "method not allowed on this route",
+    )
+}
+
+async fn chat_completions(
+    State(server): State<Arc<Server>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    serve(server, Endpoint::Chat, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn completions(
+    State(server): State<Arc<Server>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    serve(server, Endpoint::Completion, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// A request's prompt, tokenized and fitted to the context.
+struct Prepared {
+    ids: Vec<u32>,
+    max_tokens: usize,
+    dropped_messages: usize,
+}
+
+async fn serve(
+    server: Arc<Server>,
+    endpoint: Endpoint,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body =
+        body.map_err(|e| ApiError::status(e.status(), "invalid_request_error", e.body_text()))?;
+    let request = openai::parse_request(endpoint, &body, server.context_length)?;
+    // Rendering the chat template and tokenizing take milliseconds: off the async thread.
+    let (request, prepared) = {
+        let server = server.clone();
+        tokio::task::spawn_blocking(move || {
+            let prepared = server.prepare(&request);
+            (request, prepared)
+        })
+        .await
+        .map_err(|e| internal_error(format!("tokenizing the request failed: {e}")))?
+    };
+    let prepared = prepared?;
+    let lease = server
+        .slots
+        .acquire(&prepared.ids)
+        .await
+        .map_err(|QueueFull| {
+            ApiError::status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                format!(
+                    "all {} slot(s) are busy and the queue is full: retry later",
+                    server.slots.len()
+                ),
+            )
+            .with_code("server_busy")
+        })?;
+    let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
+    let mut options = GenerateOptions {
+        max_tokens: prepared.max_tokens,
+        sampling: request.sampling.clone(),
+        stop_token_ids: None,
+    };
+    if request.ignore_eos {
+        options.stop_token_ids = Some(Vec::new());
+    }
+    lease.run(Job {
+        ids: prepared.ids,
+        options,
+        stop: request.stop.clone(),
+        events,
+    });
+    let header = ResponseHeader {
+        endpoint,
+        id: new_id(endpoint),
+        created: unix_seconds(),
+        model: request
+            .model
+            .clone()
+            .unwrap_or_else(|| server.model_name.clone()),
+    };
+    let mut response = match request.stream {
+        true => stream_response(header, request.include_usage, receiver).into_response(),
+        false => whole_response(header, receiver).await?.into_response(),
+    };
+    if prepared.dropped_messages > 0 {
+        response.headers_mut().insert(
+            DROPPED_MESSAGES_HEADER,
+            HeaderValue::from(prepared.dropped_messages),
+        );
+    }
+    Ok(response)
+}
+
+impl Server {
+    /// Tokenizes the prompt and checks that it and max_tokens fit in the context, dropping the
+    /// oldest turns with `--truncation auto`. Without max_tokens, a chat may fill the context.
+    fn prepare(&self, request: &Request) -> Result<Prepared, ApiError> {
+        let tokenizer_error = |e: lean::tokenizer::TokenizerError| {
+            ApiError::invalid(None, format!("cannot tokenize the prompt: {e}"))
+        };
+        let room = |prompt_tokens: usize| match request.max_tokens {
+            Some(max) => (prompt_tokens + max <= self.context_length).then_some(max),
+            None => {
+                (prompt_tokens < self.context_length).then(|| self.context_length - prompt_tokens)
+            }
+        };
+        let messages = match &request.input {
+            Input::Raw(text) => {
+                let ids = self.tokenizer.encode(text, true).map_err(tokenizer_error)?;
+                return match room(ids.len()) {
+                    Some(max_tokens) if !ids.is_empty() => Ok(Prepared {
+                        ids,
+                        max_tokens,
+                        dropped_messages: 0,
+                    }),
+                    Some(_) => Err(ApiError::invalid(Some("prompt"), "the prompt is empty")),
+                    None => Err(self.too_long(ids.len(), request.max_tokens, "prompt")),
+                };
+            }
+            Input::Chat(messages) => messages,
+        };
+        let mut kept: Vec<ChatMessage> = messages.clone();
+        loop {
+            let ids = self
+                .tokenizer
+                .encode_chat(&kept, true)
+                .map_err(tokenizer_error)?;
+            if let Some(max_tokens) = room(ids.len()) {
+                return Ok(Prepared {
+                    ids,
+                    max_tokens,
+                    dropped_messages: messages.len() - kept.len(),
+                });
+            }
+            if !self.truncate || !drop_oldest_turn(&mut kept) {
+                return Err(self.too_long(ids.len(), request.max_tokens, "messages"));
+            }
+        }
+    }
+
+    fn too_long(&self, prompt_tokens: usize, max_tokens: Option<usize>, param: &str) -> ApiError {
+        let asked = match max_tokens {
+            Some(max) => format!(
+                "{prompt_tokens} prompt tokens + {max} max_tokens = {} tokens",
+                prompt_tokens + max
+            ),
+            None => format!("{prompt_tokens} prompt tokens and at least 1 to generate"),
+        };
+        let remedy = match self.truncate {
+            true => "even with only the system message and the last message left; shorten them or lower max_tokens",
+            false => "shorten the prompt, lower max_tokens, or start the server with --truncation auto to drop the oldest turns",
+        };
+        ApiError::invalid(
+            Some(param),
+            format!(
+                "this request needs {asked}, but the context holds {} tokens ({remedy})",
+                self.context_length
+            ),
+        )
+        .with_code("context_length_exceeded")
+    }
+}
+
+/// Drops the oldest turn after the leading system messages: its first message and the replies
+/// up to the next user message (so that the conversation still starts with a user). The last
+/// message always stays. Returns false when there is nothing left to drop.
+fn drop_oldest_turn(messages: &mut Vec<ChatMessage>) -> bool {
+    let first = messages.iter().take_while(|m| m.role == "system").count();
+    if first + 1 >= messages.len() {
+        return false;
+    }
+    let mut end = first + 1;
+    while end + 1 < messages.len() && messages[end].role != "user" {
+        end += 1;
+    }
+    messages.drain(first..end);
+    true
+}
+
+fn internal_error(message: String) -> ApiError {
+    ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+}
+
+fn generation_error(e: lean::LeanError) -> ApiError {
+    internal_error(format!("generation failed: {e}"))
+}
+
+/// `chatcmpl-…` / `cmpl-…`, unique within the process and across restarts.
+fn new_id(endpoint: Endpoint) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let prefix = match endpoint {
+        Endpoint::Chat => "chatcmpl",
+        Endpoint::Completion => "cmpl",
+    };
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    format!(
+        "{prefix}-{nanos:x}{:04x}",
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+async fn whole_response(
+    header: ResponseHeader,
+    mut receiver: UnboundedReceiver<SlotEvent>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let mut text = String::new();
+    while let Some(event) = receiver.recv().await {
+        match event {
+            SlotEvent::Text(piece) => text.push_str(&piece),
+            SlotEvent::Done(outcome) => {
+                let usage = Usage {
+                    prompt_tokens: outcome.prompt_tokens,
+                    completion_tokens: outcome.completion_tokens,
+                    cached_tokens: outcome.cached_tokens,
+                };
+                return Ok(Json(header.response(&text, outcome.finish_reason, usage)));
+            }
+            SlotEvent::Failed(e) => return Err(generation_error(e)),
+        }
+    }
+    Err(internal_error(
+        "the generation ended without a result".into(),
+    ))
+}
+
+/// Server-sent events: `data: {chunk}` per piece of text, a last chunk with the finish reason,
+/// the usage chunk if asked, then `data: [DONE]`. Dropping the stream (the client went away)
+/// closes the channel, which stops the generation.
+fn stream_response(
+    header: ResponseHeader,
+    include_usage: bool,
+    receiver: UnboundedReceiver<SlotEvent>,
+) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
+    let data = |value: serde_json::Value| Event::default().data(value.to_string());
+    let header = Arc::new(header);
+    let opening = (header.endpoint == Endpoint::Chat)
+        .then(|| data(header.chunk(true, "", None, include_usage)));
+    let events = stream::unfold(Some(receiver), move |receiver| {
+        let header = header.clone();
+        async move {
+            let mut receiver = receiver?;
+            let events = match receiver.recv().await {
+                Some(SlotEvent::Text(text)) => {
+                    let chunk = header.chunk(false, &text, None, include_usage);
+                    return Some((vec![data(chunk)], Some(receiver)));
+                }
+                Some(SlotEvent::Done(outcome)) => {
+                    let mut events = vec![data(header.chunk(
+                        false,
+                        "",
+                        Some(outcome.finish_reason),
+                        include_usage,
+                    ))];
+                    if include_usage {
+                        events.push(data(header.usage_chunk(Usage {
+                            prompt_tokens: outcome.prompt_tokens,
+                            completion_tokens: outcome.completion_tokens,
+                            cached_tokens: outcome.cached_tokens,
+                        })));
+                    }
+                    events
+                }
+                Some(SlotEvent::Failed(e)) => vec![data(generation_error(e).body())],
+                None => vec![data(
+                    internal_error("the generation ended without a result".into()).body(),
+                )],
+            };
+            let mut events = events;
+            events.push(Event::default().data("[DONE]"));
+            Some((events, None))
+        }
+    });
+    let all = stream::iter(opening)
+        .chain(events.flat_map(stream::iter))
+        .map(Ok);
+    Sse::new(all)
+}
