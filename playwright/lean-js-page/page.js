@@ -62,6 +62,51 @@ window.leanJs = {
     }
   },
 
+  /**
+   * A conversation through engine.chat.completions (greedy): `first`, then `second` (the cache
+   * of the first turn carried over), then `second` again after resetChat (fresh), then streamed
+   * (the whole prompt but its last token cached).
+   */
+  async conversation({ first, second, maxTokens }) {
+    const create = (messages, extra = {}) =>
+      engine.chat.completions.create({ messages, max_tokens: maxTokens, temperature: 0, ...extra });
+    const pick = ({ choices: [choice], usage }) => ({ content: choice.message.content, finishReason: choice.finish_reason, usage });
+    const turn1 = pick(await create(first));
+    const turn2 = pick(await create(second));
+    const cachedAfterTurn2 = engine.info.cachedTokens;
+    await engine.resetChat();
+    const fresh = pick(await create(second));
+    let streamed = "";
+    let streamedUsage = null;
+    for await (const chunk of await create(second, { stream: true, stream_options: { include_usage: true } })) {
+      streamed += chunk.choices[0]?.delta?.content ?? "";
+      streamedUsage = chunk.usage ?? streamedUsage;
+    }
+    return { turn1, turn2, cachedAfterTurn2, fresh, streamed, streamedUsage };
+  },
+
+  /**
+   * scripts/bench-chat.sh's browser run: a conversation of `questions`, `genTokens` greedy tokens
+   * a turn (end of turn ignored); with `reuse` false the cache is reset before each turn. Per
+   * turn: prompt and cached tokens, time to first token, decode tok/s.
+   */
+  async benchChat({ questions, genTokens, reuse }) {
+    const messages = [];
+    const turns = [];
+    for (const content of questions) {
+      messages.push({ role: "user", content });
+      if (!reuse) await engine.resetChat();
+      const started = performance.now();
+      let ttftMs = null;
+      const stream = engine.chat(messages, { maxTokens: genTokens, temperature: 0, stopTokenIds: [] });
+      for await (const token of stream) ttftMs ??= performance.now() - started;
+      const result = await stream.result;
+      turns.push({ promptTokens: result.promptTokens, cachedTokens: result.cachedTokens, ttftMs, decodeTokensPerSecond: result.decodeTokensPerSecond });
+      messages.push({ role: "assistant", content: result.text });
+    }
+    return turns;
+  },
+
   /** A whole greedy generation. */
   generate(prompt, maxTokens) {
     return read(engine.generate(prompt, { maxTokens, temperature: 0, stopTokenIds: [] }));

@@ -5,6 +5,9 @@
 // - a model loaded from URLs is kept in Cache Storage: after dispose, the second load makes no
 //   request for any model file (server.js counts requests per path, the worker's included) and
 //   still generates exactly.
+// - engine.chat.completions carries the KV cache across turns: the second turn reports cached
+//   tokens and replies exactly what HF transformers does (and what a fresh engine does), whole
+//   and streamed, on simd and threads;
 // - a thread pool that never starts (the worker blocks, as Firefox under automation has made it
 //   do) is bounded: backend "auto" falls back to simd and is exact, "threads" fails clearly;
 // Model: smollm2-135m-instruct-q4_0, case chat_short of its fixture (fixtures/hf). Needs
@@ -194,3 +197,27 @@ test("threads: a pool that never starts falls back to simd (auto), exactly, or f
   });
   console.log(`${test.info().project.name}: a blocked pool start fell back to simd after ${fellBackMs} ms`);
 });
+
+for (const backend of ["simd", "threads"]) {
+  test(`${backend}: chat.completions carries the KV cache across turns and replies exactly`, async ({ page }) => {
+    requireFiles();
+    await openPage(page);
+    await call(page, "load", { model: modelUrls, backend, threads, cache: false });
+    const multiturn = fixture.cases.find((c) => c.name === "chat_multiturn");
+    // The reference generated past the end of turn; the API stops there.
+    const reference = multiturn.greedy_text.split("<|im_end|>")[0];
+    const r = await call(page, "conversation", { first: multiturn.messages.slice(0, 1), second: multiturn.messages, maxTokens: 32 });
+    const promptTokens = multiturn.prompt_ids.length;
+    expect(r.turn2).toMatchObject({ content: reference, finishReason: "stop", usage: { prompt_tokens: promptTokens } });
+    const cached = r.turn2.usage.prompt_tokens_details.cached_tokens;
+    expect(cached).toBeGreaterThan(0);
+    expect(cached).toBeLessThan(promptTokens);
+    expect(r.cachedAfterTurn2).toBe(promptTokens + r.turn2.usage.completion_tokens - 1);
+    expect(r.fresh).toMatchObject({ content: reference, finishReason: "stop" });
+    expect(r.fresh.usage.prompt_tokens_details.cached_tokens).toBe(0);
+    expect(r.streamed).toBe(reference);
+    expect(r.streamedUsage.prompt_tokens_details.cached_tokens).toBe(promptTokens - 1);
+    console.log(`${test.info().project.name} ${backend}: turn 2 took ${cached} of ${promptTokens} prompt tokens from the cache`);
+    await call(page, "dispose");
+  });
+}

@@ -6,6 +6,7 @@
 import { ErrorName, fromWireError, leanError } from "./errors.js";
 import type {
   Backend,
+  CacheInfo,
   ChatMessage,
   GenerateParams,
   GenerationResult,
@@ -18,6 +19,7 @@ import type {
   WirePrompt,
 } from "./protocol.js";
 import { toEngineOptions } from "./protocol.js";
+import { ChatCompletions } from "./openai.js";
 
 /** What the engine needs of a Worker (a fake one in tests). */
 export interface WorkerLike {
@@ -138,6 +140,13 @@ export class Engine {
   /** Why this backend (for `auto`: why each faster one was not used, e.g. missing COOP/COEP). */
   readonly backendReason: string;
   readonly info: ModelInfo;
+  /**
+   * `generate` with a conversation, through the model's chat template; and
+   * `chat.completions.create`, OpenAI's chat completions on this engine (openai.ts).
+   */
+  readonly chat: ((messages: readonly ChatMessage[], options?: GenerateOptions) => TokenStream) & {
+    completions: ChatCompletions;
+  };
   readonly #worker: WorkerLike;
   readonly #handlers = new Map<number, (reply: Reply) => void>();
   /** Request ids; 0 was the load. */
@@ -152,6 +161,11 @@ export class Engine {
     this.backend = loaded.backend;
     this.backendReason = loaded.backendReason;
     this.info = loaded.info;
+    const chat = (messages: readonly ChatMessage[], options: GenerateOptions = {}) => {
+      if (!Array.isArray(messages)) throw new TypeError("chat() takes an array of {role, content} messages");
+      return this.generate(messages, options);
+    };
+    this.chat = Object.assign(chat, { completions: new ChatCompletions(this) });
     worker.onmessage = (event) => this.#route(event.data);
     worker.onerror = (event) => {
       event.preventDefault?.();
@@ -321,7 +335,10 @@ export class Engine {
       state = "running";
       this.#handlers.set(id, (reply) => {
         if (reply.type === "tokens") for (const token of reply.tokens) items.push({ token });
-        else if (reply.type === "done") end({ result: reply.result });
+        else if (reply.type === "done") {
+          this.info.cachedTokens = reply.cachedTokens;
+          end({ result: reply.result });
+        }
         else if (reply.type === "error") end({ error: fromWireError(reply.error) });
       });
       this.#post({ type: "generate", id, prompt: wirePrompt, params });
@@ -357,11 +374,6 @@ export class Engine {
     return stream;
   }
 
-  /** `generate` with a conversation, through the model's chat template. */
-  chat(messages: readonly ChatMessage[], options: GenerateOptions = {}): TokenStream {
-    if (!Array.isArray(messages)) throw new TypeError("chat() takes an array of {role, content} messages");
-    return this.generate(messages, options);
-  }
 
   /** The token ids of `text` as `generate(text)` would see them (special tokens included). */
   async tokenize(text: string): Promise<number[]> {
@@ -369,6 +381,26 @@ export class Engine {
     const reply = await this.#request({ type: "tokenize", id: this.#nextId++, text });
     if (reply.type !== "tokenized") throw new Error(`unexpected reply ${reply.type} to tokenize`);
     return reply.ids;
+  }
+
+  /**
+   * The KV cache carried from one generation to the next: how many ids it holds and, given a
+   * prompt, how many of the prompt's tokens the next generation would take from it. Waits for
+   * the generations queued before it.
+   */
+  async cacheInfo(prompt?: string | readonly ChatMessage[]): Promise<CacheInfo> {
+    const wirePrompt = prompt === undefined ? null : toWirePrompt(prompt);
+    const reply = await this.#afterQueued({ type: "cacheInfo", id: this.#nextId++, prompt: wirePrompt });
+    if (reply.type !== "cacheInfo") throw new Error(`unexpected reply ${reply.type} to cacheInfo`);
+    this.info.cachedTokens = reply.info.cachedTokens;
+    return reply.info;
+  }
+
+  /** Forgets the KV cache: the next generation prefills its whole prompt (a new conversation). */
+  async resetChat(): Promise<void> {
+    const reply = await this.#afterQueued({ type: "resetCache", id: this.#nextId++ });
+    if (reply.type !== "cacheReset") throw new Error(`unexpected reply ${reply.type} to resetCache`);
+    this.info.cachedTokens = 0;
   }
 
   /** Stops the worker and frees the model; later calls fail with EngineDisposedError. */
@@ -398,6 +430,12 @@ export class Engine {
 
   #assertUsable(): void {
     if (this.#failure) throw leanError(this.#failure.name, this.#failure.message);
+  }
+
+  /** `request` once the generations queued before it have ended (the worker runs one thing at a time). */
+  async #afterQueued(request: Request): Promise<Reply> {
+    await this.#tail;
+    return this.#request(request);
   }
 
   /** One request, one reply (tokenize). */

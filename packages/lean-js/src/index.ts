@@ -17,6 +17,19 @@ import type { BackendChoice, LoadProgress, TestHooks, WireFile, WireModel } from
 export { DEFAULT_THREAD_POOL_TIMEOUT_MS, Engine } from "./engine.js";
 export type { GenerateOptions, StartOptions, TokenStream, WorkerLike } from "./engine.js";
 export { ErrorName } from "./errors.js";
+export { ChatCompletions } from "./openai.js";
+export type {
+  ChatCompletion,
+  ChatCompletionChunk,
+  ChatCompletionContentPartText,
+  ChatCompletionCreateParams,
+  ChatCompletionCreateParamsNonStreaming,
+  ChatCompletionCreateParamsStreaming,
+  ChatCompletionFinishReason,
+  ChatCompletionMessageParam,
+  CompletionUsage,
+  LeanCompletionExtras,
+} from "./openai.js";
 export { catalog, findModel } from "./catalog.js";
 export type { CatalogFile, CatalogModel } from "./catalog.js";
 export { DEFAULT_CACHE_NAME } from "./cache.js";
@@ -27,6 +40,7 @@ export { installedBuilds } from "./wasm-manifest.js";
 export type {
   Backend,
   BackendChoice,
+  CacheInfo,
   ChatMessage,
   FinishReason,
   GenerateParams,

@@ -52,10 +52,15 @@ export interface GenerationResult {
   /** Every generated id, a final stop token included. */
   tokenIds: number[];
   promptTokens: number;
+  /**
+   * Prompt tokens whose keys/values came from the KV cache the previous generation left (the
+   * conversation so far): the prefill ran only `promptTokens - cachedTokens`.
+   */
+  cachedTokens: number;
   finishReason: FinishReason;
   /** The stop string that ended the generation, if one did. */
   stopString: string | null;
-  /** Tokenizing and running the prompt. */
+  /** Tokenizing and running the prompt (its uncached part). */
   prefillMs: number;
   /** From the first generated token to the last. */
   decodeMs: number;
@@ -78,6 +83,20 @@ export interface ModelInfo {
   eosToken: string | null;
   eosTokenIds: number[];
   hasChatTemplate: boolean;
+  /**
+   * Token ids the KV cache holds (the last conversation), kept current after each generation: a
+   * next prompt that starts with them prefills only the rest (see `Engine.cacheInfo`).
+   */
+  cachedTokens: number;
+}
+
+/** The KV cache carried across generations (`Engine.cacheInfo`). */
+export interface CacheInfo {
+  /** Ids the cache holds. */
+  cachedTokens: number;
+  /** With a prompt: its length in tokens, and how many of them the next generation would reuse. */
+  promptTokens?: number;
+  reusableTokens?: number;
 }
 
 export type ModelFileRole = "gguf" | "tokenizer" | "tokenizerConfig" | "chatTemplate";
@@ -136,7 +155,10 @@ export type Request =
   | { type: "generate"; id: number; prompt: WirePrompt; params: GenerateParams }
   /** Stops the generation `id` (a no-op when it already ended). */
   | { type: "cancel"; id: number }
-  | { type: "tokenize"; id: number; text: string };
+  | { type: "tokenize"; id: number; text: string }
+  | { type: "cacheInfo"; id: number; prompt: WirePrompt | null }
+  /** Forgets the KV cache (the next generation prefills its whole prompt). */
+  | { type: "resetCache"; id: number };
 
 export type Reply =
   | { type: "progress"; id: number; progress: LoadProgress }
@@ -146,8 +168,11 @@ export type Reply =
   | { type: "poolStarted"; id: number }
   | { type: "loaded"; id: number; backend: Backend; backendReason: string; info: ModelInfo }
   | { type: "tokens"; id: number; tokens: Token[] }
-  | { type: "done"; id: number; result: GenerationResult }
+  /** `cachedTokens`: the ids the KV cache holds now. */
+  | { type: "done"; id: number; result: GenerationResult; cachedTokens: number }
   | { type: "tokenized"; id: number; ids: number[] }
+  | { type: "cacheInfo"; id: number; info: CacheInfo }
+  | { type: "cacheReset"; id: number }
   /** `fatal`: the worker cannot serve any further request. */
   | { type: "error"; id: number; error: WireError; fatal: boolean };
 

@@ -11,6 +11,9 @@ export interface WasmEngineHandle {
   step(): Promise<string>;
   cancel(): string | undefined;
   tokenize(text: string): Uint32Array;
+  /** `{cache_length, prompt_tokens?, reusable_tokens?}`: the KV cache carried across generations. */
+  cacheInfo(promptJson?: string | null): string;
+  resetCache(): void;
   free(): void;
 }
 
@@ -72,5 +75,9 @@ export interface StepJson {
     token_ids: number[];
     text: string;
     finish_reason: "stop" | "length" | "context_full" | "cancelled";
+    /** Prompt ids taken from the KV cache of the previous generation. */
+    cached_tokens: number;
+    /** Ids the KV cache holds after this generation. */
+    cache_length: number;
   } | null;
 }

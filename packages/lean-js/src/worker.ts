@@ -108,6 +108,25 @@ async function handle(request: Exclude<Request, { type: "cancel" }>): Promise<vo
     case "tokenize":
       post({ type: "tokenized", id: request.id, ids: Array.from(loadedEngine().tokenize(request.text)) });
       return;
+    case "cacheInfo": {
+      if (active) throw new Error(`generation ${active.id} is still running`);
+      const json = loadedEngine().cacheInfo(request.prompt ? JSON.stringify(request.prompt) : null);
+      const info = JSON.parse(json) as { cache_length: number; prompt_tokens?: number; reusable_tokens?: number };
+      post({
+        type: "cacheInfo",
+        id: request.id,
+        info: {
+          cachedTokens: info.cache_length,
+          ...(info.prompt_tokens === undefined ? {} : { promptTokens: info.prompt_tokens, reusableTokens: info.reusable_tokens }),
+        },
+      });
+      return;
+    }
+    case "resetCache":
+      if (active) throw new Error(`generation ${active.id} is still running`);
+      loadedEngine().resetCache();
+      post({ type: "cacheReset", id: request.id });
+      return;
   }
 }
 
@@ -289,6 +308,7 @@ function modelInfo(json: string): ModelInfo {
     eosToken: (i.eos_token as string | null) ?? null,
     eosTokenIds: i.eos_token_ids as number[],
     hasChatTemplate: i.has_chat_template as boolean,
+    cachedTokens: 0,
   };
 }
 
@@ -313,9 +333,9 @@ async function generate(id: number, prompt: WirePrompt, params: GenerateParams):
   active = state;
   try {
     const started = performance.now();
-    const { prompt_ids: promptIds } = JSON.parse(await untilTrapped(wasmEngine.begin(JSON.stringify(prompt), options))) as {
-      prompt_ids: number[];
-    };
+    const { prompt_ids: promptIds, cached_tokens: cachedTokens } = JSON.parse(
+      await untilTrapped(wasmEngine.begin(JSON.stringify(prompt), options)),
+    ) as { prompt_ids: number[]; cached_tokens: number };
     const prefillMs = performance.now() - started;
     let text = "";
     let stopString: string | null = null;
@@ -361,14 +381,15 @@ async function generate(id: number, prompt: WirePrompt, params: GenerateParams):
       text,
       tokenIds: done.token_ids,
       promptTokens: promptIds.length,
+      cachedTokens,
       finishReason: stopString !== null ? "stop" : done.finish_reason,
       stopString,
       prefillMs,
       decodeMs,
-      prefillTokensPerSecond: prefillMs > 0 ? (promptIds.length * 1000) / prefillMs : 0,
+      prefillTokensPerSecond: prefillMs > 0 ? ((promptIds.length - cachedTokens) * 1000) / prefillMs : 0,
       decodeTokensPerSecond: decodeMs > 0 ? ((generated - 1) * 1000) / decodeMs : 0,
     };
-    post({ type: "done", id, result });
+    post({ type: "done", id, result, cachedTokens: done.cache_length });
   } finally {
     active = null;
   }

@@ -17,6 +17,7 @@ const info: ModelInfo = {
   eosToken: "<|im_end|>",
   eosTokenIds: [2],
   hasChatTemplate: true,
+  cachedTokens: 0,
 };
 
 const ggufBytes = new ArrayBuffer(8);
@@ -75,6 +76,7 @@ const result = (finishReason: "stop" | "length" | "cancelled", tokenIds: number[
   text: "",
   tokenIds,
   promptTokens: 3,
+  cachedTokens: 0,
   finishReason,
   stopString: null,
   prefillMs: 1,
@@ -223,7 +225,7 @@ describe("Engine.generate", () => {
       params: { maxTokens: 4, temperature: 0.5, stop: ["\n"] },
     });
     worker.reply({ type: "tokens", id: request.id, tokens: [{ text: " wor", tokenId: 7 }, { text: "ld", tokenId: 8 }] });
-    worker.reply({ type: "done", id: request.id, result: result("length", [7, 8]) });
+    worker.reply({ type: "done", id: request.id, result: result("length", [7, 8]), cachedTokens: 0 });
     expect(await first).toEqual({ done: false, value: { text: " wor", tokenId: 7 } });
     expect(await stream.next()).toEqual({ done: false, value: { text: "ld", tokenId: 8 } });
     expect(await stream.next()).toEqual({ done: true, value: undefined });
@@ -256,7 +258,7 @@ describe("Engine.generate", () => {
     await consume;
     expect(seen).toEqual([1, 2]);
     expect(worker.last("cancel")).toEqual({ type: "cancel", id });
-    worker.reply({ type: "done", id, result: result("cancelled", [1, 2, 3]) });
+    worker.reply({ type: "done", id, result: result("cancelled", [1, 2, 3]), cachedTokens: 0 });
     expect((await stream.result).finishReason).toBe("cancelled");
   });
 
@@ -279,7 +281,7 @@ describe("Engine.generate", () => {
     // Queued behind the first until the worker confirms that it ended.
     await flush();
     expect(worker.of("generate")).toHaveLength(1);
-    worker.reply({ type: "done", id: firstId, result: result("cancelled", [1]) });
+    worker.reply({ type: "done", id: firstId, result: result("cancelled", [1]), cachedTokens: 0 });
     expect((await first.result).finishReason).toBe("cancelled");
     await flush();
     const secondId = worker.last("generate").id;
@@ -299,7 +301,7 @@ describe("Engine.generate", () => {
     controller.abort(new Error("user left"));
     await expect(queuedNext).rejects.toThrow("user left");
     await expect(queued.result).rejects.toThrow("user left");
-    worker.reply({ type: "done", id: worker.last("generate").id, result: result("stop", [2]) });
+    worker.reply({ type: "done", id: worker.last("generate").id, result: result("stop", [2]), cachedTokens: 0 });
     await flush();
     expect(worker.of("generate")).toHaveLength(1);
     // The engine is still ready.
@@ -322,7 +324,7 @@ describe("Engine.generate", () => {
     await flush();
     const { id } = worker.last("generate");
     worker.reply({ type: "tokens", id, tokens: [{ text: "a", tokenId: 1 }] });
-    worker.reply({ type: "done", id, result: result("length", [1]) });
+    worker.reply({ type: "done", id, result: result("length", [1]), cachedTokens: 0 });
     expect((await stream.result).tokenIds).toEqual([1]);
     const tokens = [];
     for await (const token of stream) tokens.push(token);
@@ -335,7 +337,7 @@ describe("Engine.generate", () => {
     const queued = engine.generate("two");
     await queued.return();
     await flush();
-    worker.reply({ type: "done", id: worker.last("generate").id, result: result("stop", [2]) });
+    worker.reply({ type: "done", id: worker.last("generate").id, result: result("stop", [2]), cachedTokens: 0 });
     await first.result;
     await expect(queued.result).rejects.toMatchObject({
       name: "AbortError",
@@ -445,5 +447,94 @@ describe("protocol helpers", () => {
     });
     expect(toEngineOptions({})).toEqual({});
     expect(() => toEngineOptions({ seed: 2 ** 60 })).toThrow(/seed must be at most/);
+  });
+});
+
+describe("engine.chat.completions (OpenAI's shape)", () => {
+  const messages = [{ role: "user", content: "Hi" }];
+  /** Replies to the engine's next generate with `texts` as tokens, then done. */
+  async function answer(worker: FakeWorker, texts: string[], finish: "stop" | "length", cachedTokens: number) {
+    await flush();
+    const request = worker.last("generate");
+    worker.reply({ type: "tokens", id: request.id, tokens: texts.map((text, i) => ({ text, tokenId: 10 + i })) });
+    const done = { ...result(finish, texts.map((_, i) => 10 + i)), text: texts.join(""), cachedTokens };
+    worker.reply({ type: "done", id: request.id, result: done, cachedTokens: 40 });
+    return request;
+  }
+
+  it("returns a ChatCompletion with OpenAI's fields, usage and cached tokens", async () => {
+    const { engine, worker } = await started();
+    const pending = engine.chat.completions.create({
+      messages: [{ role: "developer", content: [{ type: "text", text: "Be brief." }] }, ...messages],
+      model: "smollm2",
+      max_tokens: 4,
+      temperature: 0,
+      stop: "\n\n",
+    });
+    const request = await answer(worker, ["Hel", "lo"], "stop", 2);
+    expect(request.prompt).toEqual({ messages: [{ role: "system", content: "Be brief." }, { role: "user", content: "Hi" }] });
+    expect(request.params).toEqual({ maxTokens: 4, temperature: 0, stop: ["\n\n"] });
+    const completion = await pending;
+    expect(completion).toMatchObject({
+      object: "chat.completion",
+      model: "smollm2",
+      choices: [{ index: 0, message: { role: "assistant", content: "Hello", refusal: null }, finish_reason: "stop", logprobs: null }],
+      usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5, prompt_tokens_details: { cached_tokens: 2 } },
+      lean: { dropped_messages: 0 },
+    });
+    expect(completion.id).toMatch(/^chatcmpl-[0-9a-f]{24}$/);
+    expect(engine.info.cachedTokens).toBe(40);
+  });
+
+  it("streams chunks: the role, the text, the finish reason, then the usage", async () => {
+    const { engine, worker } = await started();
+    const pending = engine.chat.completions.create({ messages, stream: true, stream_options: { include_usage: true } });
+    await answer(worker, ["a", "", "b"], "length", 0);
+    const chunks = [];
+    for await (const chunk of await pending) chunks.push(chunk);
+    expect(worker.last("generate").params).toEqual({ maxTokens: info.contextLength, temperature: 1 });
+    expect(chunks.map((c) => [c.choices[0]?.delta, c.choices[0]?.finish_reason, c.usage])).toEqual([
+      [{ role: "assistant", content: "" }, null, null],
+      [{ content: "a" }, null, null],
+      [{ content: "b" }, null, null],
+      [{}, "length", null],
+      [undefined, undefined, { prompt_tokens: 3, completion_tokens: 3, total_tokens: 6, prompt_tokens_details: { cached_tokens: 0 } }],
+    ]);
+    expect(new Set(chunks.map((c) => c.id)).size).toBe(1);
+    expect(chunks.every((c) => c.object === "chat.completion.chunk")).toBe(true);
+  });
+
+  it("refuses what it would not honour, naming it", async () => {
+    const { engine } = await started();
+    const create = engine.chat.completions.create.bind(engine.chat.completions);
+    await expect(create({ messages, n: 2 })).rejects.toThrow("n must be 1");
+    await expect(create({ messages, logprobs: true } as never)).rejects.toThrow("parameter 'logprobs' is not supported");
+    await expect(create({ messages, tools: [{ type: "function" }] } as never)).rejects.toThrow("parameter 'tools'");
+    await expect(create({ messages, presence_penalty: 0.5 } as never)).rejects.toThrow("parameter 'presence_penalty'");
+    await expect(create({ messages: [] })).rejects.toThrow("messages must be a non-empty array");
+    await expect(create({ messages, max_tokens: 0 })).rejects.toThrow("max_tokens must be a whole number");
+    await expect(
+      create({ messages: [{ role: "user", content: [{ type: "image_url" } as never] }] }),
+    ).rejects.toThrow("only text parts are supported");
+  });
+
+  it("resetChat and cacheInfo wait for queued generations and keep info.cachedTokens current", async () => {
+    const { engine, worker } = await started();
+    const stream = engine.generate("x");
+    const reset = engine.resetChat();
+    await answer(worker, ["y"], "stop", 0);
+    await stream.result;
+    expect(engine.info.cachedTokens).toBe(40);
+    await flush();
+    const resetRequest = worker.last("resetCache");
+    worker.reply({ type: "cacheReset", id: resetRequest.id });
+    await reset;
+    expect(engine.info.cachedTokens).toBe(0);
+    const pending = engine.cacheInfo(messages);
+    await flush();
+    const infoRequest = worker.last("cacheInfo");
+    expect(infoRequest.prompt).toEqual({ messages });
+    worker.reply({ type: "cacheInfo", id: infoRequest.id, info: { cachedTokens: 0, promptTokens: 9, reusableTokens: 0 } });
+    expect(await pending).toEqual({ cachedTokens: 0, promptTokens: 9, reusableTokens: 0 });
   });
 });

@@ -1,6 +1,7 @@
 //! lean-cli: generate text from a GGUF model on the command line, benchmark it, or serve it
 //! over OpenAI's HTTP API.
 mod bench;
+mod bench_chat;
 mod serve;
 
 use clap::{Args, Parser, Subcommand};
@@ -33,6 +34,8 @@ struct Cli {
 enum Command {
     /// Prefill and decode speed over repetitions, with peak memory.
     Bench(bench::BenchArgs),
+    /// A multi-turn chat's time to first token per turn, with and without the KV cache carried over.
+    BenchChat(bench_chat::BenchChatArgs),
     /// A local OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions).
     Serve(serve::ServeArgs),
 }
@@ -98,6 +101,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::Bench(args)) => bench::run(args),
+        Some(Command::BenchChat(args)) => bench_chat::run(args),
         Some(Command::Serve(args)) => serve::run(args),
         None => run(cli.run),
     };

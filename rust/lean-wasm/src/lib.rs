@@ -367,15 +367,21 @@ struct GenerationJson {
     token_ids: Vec<u32>,
     text: String,
     finish_reason: &'static str,
+    /// Prompt ids taken from the KV cache of the previous generation (not run again).
+    cached_tokens: usize,
+    /// Ids the KV cache holds now, for the next generation to reuse.
+    cache_length: usize,
 }
 
-impl From<Generation> for GenerationJson {
-    fn from(g: Generation) -> GenerationJson {
+impl GenerationJson {
+    fn new(engine: &Engine, g: Generation) -> GenerationJson {
         GenerationJson {
             prompt_ids: g.prompt_ids,
             token_ids: g.token_ids,
             text: g.text,
             finish_reason: g.finish_reason.as_str(),
+            cached_tokens: g.timings.cached_tokens,
+            cache_length: engine.cached_ids().len(),
         }
     }
 }
@@ -505,7 +511,10 @@ impl WasmEngine {
             .begin_async(&prompt, &options)
             .await
             .map_err(js_error)?;
-        let begun = serde_json::json!({ "prompt_ids": active.prompt_ids() });
+        let begun = serde_json::json!({
+            "prompt_ids": active.prompt_ids(),
+            "cached_tokens": active.cached_tokens(),
+        });
         state.active = Some(active);
         serde_json::to_string(&begun).map_err(js_error)
     }
@@ -590,7 +599,7 @@ impl WasmEngine {
         if let Some(exception) = thrown {
             return Err(exception);
         }
-        serde_json::to_string(&GenerationJson::from(generation))
+        serde_json::to_string(&GenerationJson::new(&state.engine, generation))
             .map_err(|e| js_error(format!("serializing the generation: {e}")).into())
     }
 
@@ -601,6 +610,33 @@ impl WasmEngine {
             .engine
             .encode(&Prompt::Raw(text.to_owned()))
             .map_err(js_error)
+    }
+
+    /// The KV cache carried from one generation to the next, as JSON `{"cache_length": ids it
+    /// holds}`, with `"prompt_tokens"` and `"reusable_tokens"` (how many of them the next
+    /// `begin` of that prompt would take from the cache) when `prompt_json` is given.
+    #[wasm_bindgen(js_name = cacheInfo)]
+    pub fn cache_info(&self, prompt_json: Option<String>) -> Result<String, JsError> {
+        let mut state = self.state()?;
+        let mut info = serde_json::json!({ "cache_length": state.engine.cached_ids().len() });
+        if let Some(prompt_json) = prompt_json {
+            let (prompt, _) = request(&mut state.engine, &prompt_json, "{}")?;
+            let ids = state.engine.encode(&prompt).map_err(js_error)?;
+            let reusable = state.engine.reusable_tokens(&Prompt::Ids(ids.clone())).map_err(js_error)?;
+            info["prompt_tokens"] = ids.len().into();
+            info["reusable_tokens"] = reusable.into();
+        }
+        serde_json::to_string(&info).map_err(js_error)
+    }
+
+    /// Forgets the KV cache: the next generation prefills its whole prompt (a generation in
+    /// progress is abandoned).
+    #[wasm_bindgen(js_name = resetCache)]
+    pub fn reset_cache(&self) -> Result<(), JsError> {
+        let mut state = self.state()?;
+        state.active = None;
+        state.engine.reset_cache();
+        Ok(())
     }
 
     /// The context window actually allocated (the requested one capped at the model's).
@@ -650,7 +686,7 @@ fn end(
         generation,
     } = engine.finish(active).map_err(js_error)?;
     tokens.extend(held_back.map(TokenJson::from));
-    Ok(generation.into())
+    Ok(GenerationJson::new(engine, generation))
 }
 
 /// Which CPU backend this build runs (any build also has the GPU one, `GpuModelLoader`):

@@ -575,6 +575,11 @@ impl ActiveGeneration {
         &self.ids[..self.prompt_len]
     }
 
+    /// Prompt ids taken from the KV cache (the prefill ran the rest).
+    pub fn cached_tokens(&self) -> usize {
+        self.timings.cached_tokens
+    }
+
     /// The ids generated so far (a stop id included).
     pub fn token_ids(&self) -> &[u32] {
         &self.ids[self.prompt_len..]

@@ -1,0 +1,263 @@
+/**
+ * OpenAI's chat completions shape on a lean {@link Engine}: `engine.chat.completions.create`
+ * takes the request body of OpenAI's API and returns a `ChatCompletion`, or with `stream: true`
+ * an async iterable of `ChatCompletionChunk`s, with OpenAI's field names and finish reasons, so
+ * that code written for OpenAI's or WebLLM's chat completions runs with few changes. It is a
+ * layer over `engine.chat`: the KV cache carried across turns is reused the same way, and
+ * `usage.prompt_tokens_details.cached_tokens` says how much of the prompt came from it.
+ */
+import type { Engine, GenerateOptions } from "./engine.js";
+import type { ChatMessage, FinishReason, GenerationResult } from "./protocol.js";
+
+/** A text part of a message's content (images and audio are not supported). */
+export interface ChatCompletionContentPartText {
+  type: "text";
+  text: string;
+}
+
+export interface ChatCompletionMessageParam {
+  role: "system" | "developer" | "user" | "assistant" | (string & {});
+  content: string | ChatCompletionContentPartText[];
+  name?: string;
+}
+
+export interface ChatCompletionCreateParamsBase {
+  messages: ChatCompletionMessageParam[];
+  /** Echoed in the response (the engine runs one model). */
+  model?: string;
+  max_tokens?: number | null;
+  max_completion_tokens?: number | null;
+  /** Default 1, as OpenAI's; 0 = greedy. */
+  temperature?: number | null;
+  top_p?: number | null;
+  seed?: number | null;
+  stop?: string | string[] | null;
+  stream_options?: { include_usage?: boolean } | null;
+  /** Must be 1 when given. */
+  n?: number | null;
+  /** lean: "auto" drops the oldest turns after the system messages until the prompt and max_tokens fit. */
+  truncation?: "auto" | "disabled";
+  /** Aborting stops the generation within one token; the call (or the iterator) throws the reason. */
+  signal?: AbortSignal;
+}
+
+export interface ChatCompletionCreateParamsNonStreaming extends ChatCompletionCreateParamsBase {
+  stream?: false | null;
+}
+
+export interface ChatCompletionCreateParamsStreaming extends ChatCompletionCreateParamsBase {
+  stream: true;
+}
+
+export type ChatCompletionCreateParams = ChatCompletionCreateParamsNonStreaming | ChatCompletionCreateParamsStreaming;
+
+export type ChatCompletionFinishReason = "stop" | "length";
+
+export interface CompletionUsage {
+  prompt_tokens: number;
+  /** Generated tokens, a final end-of-turn token included. */
+  completion_tokens: number;
+  total_tokens: number;
+  prompt_tokens_details: { cached_tokens: number };
+}
+
+/** lean's additions to a response. */
+export interface LeanCompletionExtras {
+  /** Messages `truncation: "auto"` left out (0 when none). */
+  dropped_messages: number;
+}
+
+export interface ChatCompletion {
+  id: string;
+  object: "chat.completion";
+  created: number;
+  model: string;
+  system_fingerprint: null;
+  choices: {
+    index: number;
+    message: { role: "assistant"; content: string; refusal: null };
+    finish_reason: ChatCompletionFinishReason;
+    logprobs: null;
+  }[];
+  usage: CompletionUsage;
+  lean: LeanCompletionExtras;
+}
+
+export interface ChatCompletionChunk {
+  id: string;
+  object: "chat.completion.chunk";
+  created: number;
+  model: string;
+  system_fingerprint: null;
+  choices: {
+    index: number;
+    delta: { role?: "assistant"; content?: string };
+    finish_reason: ChatCompletionFinishReason | null;
+    logprobs: null;
+  }[];
+  /** With `stream_options.include_usage`: null on every chunk but the last, which has no choices. */
+  usage?: CompletionUsage | null;
+  lean?: LeanCompletionExtras;
+}
+
+/** Parameters that would change the output and that lean does not implement. */
+const UNSUPPORTED: Record<string, (value: unknown) => boolean> = {
+  logprobs: (v) => v === true,
+  top_logprobs: (v) => v !== 0,
+  tools: (v) => Array.isArray(v) && v.length > 0,
+  tool_choice: (v) => v !== "none",
+  functions: () => true,
+  function_call: (v) => v !== "none",
+  response_format: (v) => (v as { type?: string })?.type !== "text",
+  logit_bias: (v) => typeof v === "object" && Object.keys(v as object).length > 0,
+  presence_penalty: (v) => v !== 0,
+  frequency_penalty: (v) => v !== 0,
+  modalities: (v) => !(Array.isArray(v) && v.every((m) => m === "text")),
+  audio: () => true,
+  prediction: () => true,
+};
+
+function messageText(message: ChatCompletionMessageParam, i: number): ChatMessage {
+  const { role, content } = message ?? ({} as ChatCompletionMessageParam);
+  if (typeof role !== "string") throw new TypeError(`messages[${i}].role must be a string`);
+  if (typeof content === "string") return { role: role === "developer" ? "system" : role, content };
+  if (!Array.isArray(content)) throw new TypeError(`messages[${i}].content must be a string or an array of text parts`);
+  const texts = content.map((part, j) => {
+    if (part?.type !== "text" || typeof part.text !== "string") {
+      throw new TypeError(`messages[${i}].content[${j}]: only text parts are supported, got type ${String(part?.type)}`);
+    }
+    return part.text;
+  });
+  return { role: role === "developer" ? "system" : role, content: texts.join("\n") };
+}
+
+const finishReason = (reason: FinishReason): ChatCompletionFinishReason => (reason === "stop" ? "stop" : "length");
+
+function usage(result: GenerationResult): CompletionUsage {
+  return {
+    prompt_tokens: result.promptTokens,
+    completion_tokens: result.tokenIds.length,
+    total_tokens: result.promptTokens + result.tokenIds.length,
+    prompt_tokens_details: { cached_tokens: result.cachedTokens },
+  };
+}
+
+function completionId(): string {
+  const bytes = crypto.getRandomValues(new Uint8Array(12));
+  return `chatcmpl-${Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("")}`;
+}
+
+/** `engine.chat.completions`. */
+export class ChatCompletions {
+  readonly #engine: Engine;
+
+  constructor(engine: Engine) {
+    this.#engine = engine;
+  }
+
+  create(params: ChatCompletionCreateParamsNonStreaming): Promise<ChatCompletion>;
+  create(params: ChatCompletionCreateParamsStreaming): Promise<AsyncIterable<ChatCompletionChunk>>;
+  create(params: ChatCompletionCreateParams): Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>>;
+  async create(params: ChatCompletionCreateParams): Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>> {
+    if (typeof params !== "object" || params === null) throw new TypeError("create() takes the request body object");
+    for (const [name, unsupported] of Object.entries(UNSUPPORTED)) {
+      const value = (params as unknown as Record<string, unknown>)[name];
+      if (value !== undefined && value !== null && unsupported(value)) {
+        throw new TypeError(`parameter '${name}' is not supported by lean (it would change the output)`);
+      }
+    }
+    if (params.n !== undefined && params.n !== null && params.n !== 1) {
+      throw new TypeError(`n must be 1 (lean generates one choice), got ${params.n}`);
+    }
+    if (!Array.isArray(params.messages) || params.messages.length === 0) {
+      throw new TypeError("messages must be a non-empty array of {role, content}");
+    }
+    let messages = params.messages.map(messageText);
+    const maxTokens = params.max_completion_tokens ?? params.max_tokens ?? undefined;
+    if (maxTokens !== undefined && !(Number.isInteger(maxTokens) && maxTokens >= 1)) {
+      throw new TypeError(`max_tokens must be a whole number ≥ 1, got ${String(maxTokens)}`);
+    }
+    const stop = params.stop === undefined || params.stop === null ? undefined : [params.stop].flat();
+    let dropped = 0;
+    if (params.truncation === "auto") ({ messages, dropped } = await this.#fit(messages, maxTokens ?? 1));
+    const options: GenerateOptions = {
+      // Without max_tokens, as OpenAI: until the end of turn or of the context.
+      maxTokens: maxTokens ?? this.#engine.info.contextLength,
+      temperature: params.temperature ?? 1,
+      ...(params.top_p === undefined || params.top_p === null ? {} : { topP: params.top_p }),
+      ...(params.seed === undefined || params.seed === null ? {} : { seed: params.seed }),
+      ...(stop ? { stop } : {}),
+      ...(params.signal ? { signal: params.signal } : {}),
+    };
+    const stream = this.#engine.chat(messages, options);
+    const head = {
+      id: completionId(),
+      created: Math.floor(Date.now() / 1000),
+      model: params.model ?? this.#engine.info.description,
+      system_fingerprint: null,
+    };
+    const lean = { dropped_messages: dropped };
+    if (!params.stream) {
+      for await (const token of stream) void token;
+      const result = await stream.result;
+      return {
+        ...head,
+        object: "chat.completion",
+        choices: [
+          {
+            index: 0,
+            message: { role: "assistant", content: result.text, refusal: null },
+            finish_reason: finishReason(result.finishReason),
+            logprobs: null,
+          },
+        ],
+        usage: usage(result),
+        lean,
+      };
+    }
+    const includeUsage = params.stream_options?.include_usage === true;
+    const chunk = (
+      delta: ChatCompletionChunk["choices"][number]["delta"],
+      finish: ChatCompletionFinishReason | null,
+    ): ChatCompletionChunk => ({
+      ...head,
+      object: "chat.completion.chunk",
+      choices: [{ index: 0, delta, finish_reason: finish, logprobs: null }],
+      ...(includeUsage ? { usage: null } : {}),
+    });
+    async function* chunks(): AsyncGenerator<ChatCompletionChunk> {
+      // Leaving the loop early (break) stops the generation, as breaking out of engine.chat does.
+      try {
+        yield { ...chunk({ role: "assistant", content: "" }, null), lean };
+        for await (const { text } of stream) if (text) yield chunk({ content: text }, null);
+        const result = await stream.result;
+        yield chunk({}, finishReason(result.finishReason));
+        if (includeUsage) yield { ...head, object: "chat.completion.chunk", choices: [], usage: usage(result) };
+      } finally {
+        await stream.return();
+      }
+    }
+    return chunks();
+  }
+
+  /** `messages` without the oldest turns after the system messages, until the prompt and `reserve` tokens fit the context. */
+  async #fit(messages: ChatMessage[], reserve: number): Promise<{ messages: ChatMessage[]; dropped: number }> {
+    const context = this.#engine.info.contextLength;
+    let kept = messages;
+    for (;;) {
+      const { promptTokens = 0 } = await this.#engine.cacheInfo(kept);
+      if (promptTokens + reserve <= context) return { messages: kept, dropped: messages.length - kept.length };
+      const first = kept.findIndex((m) => m.role !== "system");
+      // The last message is the one being answered: it stays.
+      if (first < 0 || first >= kept.length - 1) {
+        throw new RangeError(
+          `the prompt needs ${promptTokens} tokens and max_tokens ${reserve} more, but the context holds ${context}, ` +
+            "even with every earlier turn dropped",
+        );
+      }
+      // A whole turn: a user message and the assistant's answer after it.
+      const end = kept[first + 1]?.role === "assistant" && first + 1 < kept.length - 1 ? first + 2 : first + 1;
+      kept = [...kept.slice(0, first), ...kept.slice(end)];
+    }
+  }
+}
