@@ -61,6 +61,40 @@ fn missing_tensor_and_unknown_architecture_are_named() {
 }
 
 #[test]
+fn a_vocabulary_longer_than_the_embedding_is_refused() {
+    let Some(models) = common::models_dir() else {
+        return;
+    };
+    let bytes = std::fs::read(models.join("smollm2-135m-instruct-q4_0.gguf")).unwrap();
+    let gguf = lean::gguf::Gguf::parse(&bytes).unwrap();
+    let tokens = gguf.string_array("tokenizer.ggml.tokens").unwrap();
+    let rows = gguf.tensor("token_embd.weight").unwrap().rows();
+    assert_eq!(tokens.len(), rows, "the test model's vocabulary fills its embedding");
+    let mut w = lean::gguf::GgufWriter::new();
+    for (k, v) in gguf.metadata.iter() {
+        let v = if k == "tokenizer.ggml.tokens" {
+            let mut longer: Vec<lean::gguf::Value> = tokens
+                .iter()
+                .map(|t| lean::gguf::Value::String((*t).into()))
+                .collect();
+            longer.push(lean::gguf::Value::String("<|one too many|>".into()));
+            lean::gguf::Value::Array(longer)
+        } else {
+            v.clone()
+        };
+        w.add(k, v);
+    }
+    for t in &gguf.tensors {
+        w.add_tensor(&t.name, t.ty, &t.dims, gguf.tensor_data(&bytes, t).to_vec());
+    }
+    let err = load(w.finish().unwrap()).err().expect("rejected");
+    let message = err.to_string();
+    for part in ["token_embd.weight", &rows.to_string(), &(rows + 1).to_string()] {
+        assert!(message.contains(part), "{message} should name {part}");
+    }
+}
+
+#[test]
 fn a_tokenizer_of_another_model_is_refused() {
     let Some(models) = common::models_dir() else {
         return;

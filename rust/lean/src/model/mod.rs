@@ -7,7 +7,7 @@ mod weights;
 pub use weights::{LayerWeights, Matrix, Weights};
 
 use crate::config::{Architecture, ModelConfig};
-use crate::error::Result;
+use crate::error::{LeanError, Result};
 use lean_gguf::Gguf;
 
 /// The bytes of a GGUF file: memory-mapped natively, an owned buffer on wasm (or when asked), or
@@ -76,7 +76,7 @@ impl ModelBytes {
     /// so peak memory stays close to the file size.
     #[cfg(feature = "mmap")]
     pub fn map_file(path: &std::path::Path) -> Result<Self> {
-        let io = |source| crate::error::LeanError::Io {
+        let io = |source| LeanError::Io {
             path: path.display().to_string(),
             source,
         };
@@ -104,6 +104,18 @@ impl Model {
             whole => Gguf::parse(whole.as_slice())?,
         };
         let config = ModelConfig::from_gguf(&gguf)?;
+        // Token ids index the embedding's rows (and the head's): a vocabulary with more tokens
+        // than rows would read past them. (Fewer is fine: rows padded for alignment.)
+        if let Ok(tokens) = gguf.string_array("tokenizer.ggml.tokens") {
+            if tokens.len() > config.vocab_size {
+                return Err(LeanError::Model(format!(
+                    "tensor 'token_embd.weight' has {} rows but the vocabulary \
+                     (tokenizer.ggml.tokens) has {} tokens: their ids would index past it",
+                    config.vocab_size,
+                    tokens.len()
+                )));
+            }
+        }
         let loader = weights::Loader {
             gguf: &gguf,
             bytes: &bytes,
