@@ -3,6 +3,8 @@
 import { defineConfig } from "@playwright/test";
 
 const port = Number(process.env.LEAN_TEST_PORT ?? 8787);
+/** The demo's preview server (packages/demo/dist, built by scripts/test-browser.sh): tests/demo.spec.js. */
+export const demoPort = Number(process.env.LEAN_DEMO_TEST_PORT ?? 5177);
 
 export default defineConfig({
   testDir: "tests",
@@ -17,12 +19,21 @@ export default defineConfig({
   retries: 1,
   reporter: [["list"], ["json", { outputFile: "test-results/results.json" }]],
   use: { baseURL: `http://127.0.0.1:${port}` },
-  webServer: {
-    command: `node server.js ${port}`,
-    url: `http://127.0.0.1:${port}/page/index.html`,
-    reuseExistingServer: false,
-    stdout: "pipe",
-  },
+  webServer: [
+    {
+      command: `node server.js ${port}`,
+      url: `http://127.0.0.1:${port}/page/index.html`,
+      reuseExistingServer: false,
+      stdout: "pipe",
+    },
+    {
+      command: `npm run preview -w lean-demo -- --host 127.0.0.1 --port ${demoPort} --strictPort`,
+      cwd: "..",
+      url: `http://127.0.0.1:${demoPort}/device.html`,
+      reuseExistingServer: false,
+      stdout: "ignore",
+    },
+  ],
   projects: [
     {
       name: "chromium",

@@ -7,6 +7,8 @@ import { extname, resolve, sep } from "node:path";
 import { defineConfig } from "vite";
 
 const modelsDir = resolve(process.env.LEAN_MODELS ?? resolve(import.meta.dirname, "../../models"));
+/** The HF reference fixtures: the device page's parity self-check compares against them. */
+const fixturesDir = resolve(import.meta.dirname, "../../fixtures/hf");
 
 const isolation = {
   "Cross-Origin-Opener-Policy": "same-origin",
@@ -19,19 +21,24 @@ const contentTypes = {
   ".jinja": "text/plain; charset=utf-8",
 };
 
-/** Serves GET/HEAD /models/<file> from `modelsDir`, with its Content-Length (lean-js streams it). */
+/** Serves GET/HEAD /models/<file> from `modelsDir` (and /fixtures/<file> from `fixturesDir`), with its Content-Length (lean-js streams it). */
 function serveModels(req, res, next) {
   const { pathname } = new URL(req.url ?? "/", "http://localhost");
-  if (!pathname.startsWith("/models/")) return next();
+  const [prefix, dir] = pathname.startsWith("/models/")
+    ? ["/models/", modelsDir]
+    : pathname.startsWith("/fixtures/")
+      ? ["/fixtures/", fixturesDir]
+      : [null, null];
+  if (!prefix) return next();
   let file;
   try {
-    file = resolve(modelsDir, decodeURIComponent(pathname.slice("/models/".length)));
+    file = resolve(dir, decodeURIComponent(pathname.slice(prefix.length)));
   } catch {
     file = null;
   }
   let size = -1;
   try {
-    if (file?.startsWith(modelsDir + sep) && statSync(file).isFile()) size = statSync(file).size;
+    if (file?.startsWith(dir + sep) && statSync(file).isFile()) size = statSync(file).size;
   } catch {
     size = -1;
   }

@@ -156,7 +156,9 @@ async function send(): Promise<void> {
   try {
     const r = await stream.result;
     stats.textContent =
-      `${r.finishReason} · prompt ${r.promptTokens} tokens at ${r.prefillTokensPerSecond.toFixed(1)} tok/s · ` +
+      `${r.finishReason} · prompt ${r.promptTokens} tokens` +
+      (r.cachedTokens > 0 ? ` (${r.cachedTokens} from the cache)` : "") +
+      ` · prefill ${r.promptTokens - r.cachedTokens} at ${r.prefillTokensPerSecond.toFixed(1)} tok/s · ` +
       `${r.tokenIds.length} generated at ${r.decodeTokensPerSecond.toFixed(1)} tok/s`;
     document.body.dataset.lastTokenIds = JSON.stringify(r.tokenIds);
   } catch (e) {

@@ -1,5 +1,5 @@
 // The device-check page: what this browser offers lean, and which backend each request picks.
-import { chooseBackend, detectCapabilities, installedBuilds, type BackendChoice } from "lean-js";
+import { chooseBackend, createEngine, detectCapabilities, installedBuilds, type Backend, type BackendChoice } from "lean-js";
 
 const table = (id: string, rows: [string, string][]) => {
   const element = document.getElementById(id) as HTMLTableElement;
@@ -67,4 +67,81 @@ if (caps.webgpu.available) {
 } else {
   webgpu.textContent = caps.webgpu.reason;
 }
+/** The self-check's model and case: short, so that software WebGPU finishes too. */
+const CHECK_MODEL = "smollm2-135m-instruct-q4_0";
+const CHECK_CASE = "raw_code";
+const CHECK_TOKENS = 8;
+
+interface FixtureCase {
+  name: string;
+  prompt: string;
+  prompt_ids: number[];
+  greedy_ids: number[];
+}
+
+/** Loads the model on `backend`, runs the fixture's prompt greedily, and says whether the ids match. */
+async function checkBackend(backend: Backend, reference: FixtureCase): Promise<[string, string]> {
+  const started = performance.now();
+  const engine = await createEngine({ model: CHECK_MODEL, backend, contextLength: 256, cache: false });
+  try {
+    const promptIds = await engine.tokenize(reference.prompt);
+    const stream = engine.generate(reference.prompt, { maxTokens: CHECK_TOKENS, temperature: 0, stopTokenIds: [] });
+    const result = await stream.result;
+    const want = reference.greedy_ids.slice(0, CHECK_TOKENS);
+    const seconds = ((performance.now() - started) / 1000).toFixed(1);
+    const speed = `prefill ${result.prefillTokensPerSecond.toPrecision(3)} tok/s, decode ${result.decodeTokensPerSecond.toPrecision(3)} tok/s, ${seconds} s in all`;
+    if (JSON.stringify(promptIds) !== JSON.stringify(reference.prompt_ids)) {
+      return ["mismatch", `prompt ids differ: ${JSON.stringify(promptIds)} vs ${JSON.stringify(reference.prompt_ids)}`];
+    }
+    const at = want.findIndex((id, i) => result.tokenIds[i] !== id);
+    if (at >= 0 || result.tokenIds.length !== want.length) {
+      return ["mismatch", `greedy token ${at}: ${result.tokenIds[at]} vs the reference's ${want[at]} (${speed})`];
+    }
+    return ["match", `${reference.prompt_ids.length} prompt ids and ${CHECK_TOKENS} greedy ids equal transformers' (${speed})`];
+  } finally {
+    engine.dispose();
+  }
+}
+
+async function selfCheck(): Promise<void> {
+  const button = document.getElementById("self-check") as HTMLButtonElement;
+  button.disabled = true;
+  document.body.dataset.selfCheck = "running";
+  const rows: [string, string][] = [];
+  /** Each row's verdict, kept on its <tr> as data-verdict (the table is redrawn as rows come). */
+  const verdicts: string[] = [];
+  const render = () => {
+    table("parity", rows);
+    const rendered = (document.getElementById("parity") as HTMLTableElement).rows;
+    verdicts.forEach((verdict, i) => (rendered[i]!.dataset.verdict = verdict));
+  };
+  try {
+    const fixture = (await (await fetch(`fixtures/${CHECK_MODEL}.json`)).json()) as { cases: FixtureCase[] };
+    const reference = fixture.cases.find((c) => c.name === CHECK_CASE)!;
+    for (const backend of ["webgpu", "threads", "simd"] as Backend[]) {
+      let verdict: [string, string];
+      try {
+        chooseBackend(backend, caps, installedBuilds);
+        rows.push([backend, "running…"]);
+        render();
+        verdict = await checkBackend(backend, reference);
+      } catch (e) {
+        verdict = e instanceof Error && e.name === "BackendUnavailableError" ? ["not available", e.message] : ["error", String(e)];
+        if (rows.at(-1)?.[0] !== backend) rows.push([backend, ""]);
+      }
+      rows[rows.length - 1] = [backend, `${verdict[0]} — ${verdict[1]}`];
+      verdicts[rows.length - 1] = verdict[0];
+      render();
+    }
+    document.body.dataset.selfCheck = rows.some(([, v]) => v.startsWith("mismatch") || v.startsWith("error")) ? "failed" : "passed";
+  } catch (e) {
+    rows.push(["self-check", e instanceof Error ? `${e.name}: ${e.message}` : String(e)]);
+    render();
+    document.body.dataset.selfCheck = "failed";
+  } finally {
+    button.disabled = false;
+  }
+}
+(document.getElementById("self-check") as HTMLButtonElement).onclick = () => void selfCheck();
+
 document.body.dataset.state = "ready";
