@@ -518,6 +518,41 @@ describe("engine.chat.completions (OpenAI's shape)", () => {
     ).rejects.toThrow("only text parts are supported");
   });
 
+  it("truncation auto drops the oldest whole turns after the system message until the prompt fits", async () => {
+    const { engine, worker } = await started();
+    const turns = [
+      { role: "system", content: "S" },
+      { role: "user", content: "u1" },
+      { role: "assistant", content: "a1" },
+      { role: "user", content: "u2" },
+      { role: "assistant", content: "a2" },
+      { role: "user", content: "u3" },
+    ];
+    // The context holds 2048 tokens: each message "costs" 600 here, and 200 are asked for.
+    const answerCacheInfo = async () => {
+      await flush();
+      const request = worker.last("cacheInfo");
+      const count = request.prompt && "messages" in request.prompt ? request.prompt.messages.length : 0;
+      worker.reply({ type: "cacheInfo", id: request.id, info: { cachedTokens: 0, promptTokens: 600 * count, reusableTokens: 0 } });
+    };
+    const pending = engine.chat.completions.create({ messages: turns, max_tokens: 200, temperature: 0, truncation: "auto" });
+    for (let i = 0; i < 3; i++) await answerCacheInfo(); // 6 messages, then 4, then 2... until 3600 -> 2400 -> 1200
+    const request = await answer(worker, ["ok"], "stop", 0);
+    expect(request.prompt).toEqual({
+      messages: [
+        { role: "system", content: "S" },
+        { role: "user", content: "u3" },
+      ],
+    });
+    expect((await pending).lean).toEqual({ dropped_messages: 4 });
+
+    const tooLong = engine.chat.completions.create({ messages: [{ role: "user", content: "long" }], max_tokens: 2000, truncation: "auto" });
+    await flush();
+    const check = worker.last("cacheInfo");
+    worker.reply({ type: "cacheInfo", id: check.id, info: { cachedTokens: 0, promptTokens: 600, reusableTokens: 0 } });
+    await expect(tooLong).rejects.toThrow("the prompt needs 600 tokens and max_tokens 2000 more, but the context holds 2048");
+  });
+
   it("resetChat and cacheInfo wait for queued generations and keep info.cachedTokens current", async () => {
     const { engine, worker } = await started();
     const stream = engine.generate("x");

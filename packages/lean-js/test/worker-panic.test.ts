@@ -43,10 +43,12 @@ const fakeEngine = {
       eos_token_ids: [],
       has_chat_template: false,
     }),
-  begin: async () => JSON.stringify({ prompt_ids: [1] }),
+  begin: async () => JSON.stringify({ prompt_ids: [1], cached_tokens: 0 }),
   step: trap,
   cancel: () => undefined,
   tokenize: () => new Uint32Array([1]),
+  cacheInfo: () => JSON.stringify({ cache_length: 0 }),
+  resetCache: () => {},
   free: () => {},
 };
 

@@ -157,7 +157,8 @@ impl Engine {
             tokenizer,
             session,
             session_owner: NO_SESSION_OWNER,
-            cached: Vec::new(),
+            // One id per cache position, allocated once: tokens never grow it.
+            cached: Vec::with_capacity(ctx),
         })
     }
 
