@@ -40,6 +40,15 @@ impl Step {
     fn margin(&self) -> f32 {
         self.top_logits[0] - self.top_logits[1]
     }
+
+    /// How a disagreement at this reference step is reported.
+    fn mismatch_kind(&self) -> &'static str {
+        if self.margin() < NEAR_TIE {
+            "near-tie"
+        } else {
+            "REAL MISMATCH"
+        }
+    }
 }
 
 impl Fixture {
@@ -116,11 +125,7 @@ pub fn check_engine(
             .position(|(a, b)| a != b)
         {
             let step = &case.steps[i];
-            let kind = if step.margin() < NEAR_TIE {
-                "near-tie"
-            } else {
-                "REAL MISMATCH"
-            };
+            let kind = step.mismatch_kind();
             failures.push(format!(
                 "{file} {}: greedy step {i}: ours {} ref {} ({kind}: reference margin {:.4}, top ids {:?} logits {:?})",
                 case.name, generation.token_ids[i], greedy_ids[i], step.margin(), &step.top_ids[..3], &step.top_logits[..3]
@@ -151,11 +156,7 @@ pub fn check_engine(
                     }
                 }
                 if ours_top != r.top_ids[0] && first_bad.is_none() {
-                    let kind = if r.margin() < NEAR_TIE {
-                        "near-tie"
-                    } else {
-                        "REAL MISMATCH"
-                    };
+                    let kind = r.mismatch_kind();
                     first_bad = Some(format!(
                         "position {p}: top-1 ours {ours_top} ref {} ({kind}, margin {:.4})",
                         r.top_ids[0],
@@ -211,11 +212,7 @@ pub fn check_reuse(
         let want = &case.greedy_ids[from..from + ours.len()];
         if let Some(i) = ours.iter().zip(want).position(|(a, b)| a != b) {
             let step = &case.steps[from + i];
-            let kind = if step.margin() < NEAR_TIE {
-                "near-tie"
-            } else {
-                "REAL MISMATCH"
-            };
+            let kind = step.mismatch_kind();
             failures.push(format!(
                 "{file} {} ({what}): greedy step {}: ours {} ref {} ({kind}: reference margin {:.4})",
                 case.name,
