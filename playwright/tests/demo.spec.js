@@ -51,6 +51,41 @@ for (const backend of ["simd", "threads"]) {
   });
 }
 
+test("chat page: Stop ends a reply midway and the chat goes on; another model loads in its place", async ({ page }, testInfo) => {
+  requireDemo();
+  await page.goto(`${demo}/?backend=simd&autoload=1`);
+  await expect(page.locator("body")).toHaveAttribute("data-state", "ready", { timeout: 120_000 });
+  await page.locator("#max-tokens").evaluate((input) => (input.value = "400"));
+  await page.fill("#prompt", "Write a long story about a lighthouse keeper.");
+  await page.click("#send");
+  await expect(page.locator("#messages li.assistant").last()).not.toBeEmpty();
+  await page.click("#stop");
+  await expect(page.locator("body")).toHaveAttribute("data-state", "ready", { timeout: 30_000 });
+  await expect(page.locator("#stats")).toContainText(/^cancelled · /);
+  const stopped = JSON.parse((await page.locator("body").getAttribute("data-last-token-ids")) ?? "[]");
+  expect(stopped.length).toBeGreaterThan(0);
+  expect(stopped.length).toBeLessThan(400);
+  // The conversation goes on after the stop, its stopped reply in the context.
+  await page.locator("#max-tokens").evaluate((input) => (input.value = "8"));
+  await page.fill("#prompt", "Thanks!");
+  await page.click("#send");
+  await expect(page.locator("#messages li.assistant")).toHaveCount(2);
+  await expect(page.locator("body")).toHaveAttribute("data-state", "ready", { timeout: 60_000 });
+  await expect(page.locator("#stats")).toContainText("from the cache");
+
+  // Switch to another local model: the chat starts over on it.
+  await page.selectOption("#model", "smollm2-135m-instruct-q8_0");
+  await page.click("#load");
+  await expect(page.locator("body")).toHaveAttribute("data-state", "ready", { timeout: 120_000 });
+  await expect(page.locator("#engine-status")).toContainText("Q8_0");
+  await expect(page.locator("#messages li")).toHaveCount(0);
+  await page.fill("#prompt", "Hello!");
+  await page.click("#send");
+  await expect(page.locator("body")).toHaveAttribute("data-state", "ready", { timeout: 60_000 });
+  await expect(page.locator("#messages li.assistant")).not.toBeEmpty();
+  await screenshot(page, testInfo, "chat-stop-switch");
+});
+
 test("device page: capabilities, backend decisions, and the parity self-check matches on every backend", async ({ page }, testInfo) => {
   requireDemo();
   test.setTimeout(15 * 60_000);

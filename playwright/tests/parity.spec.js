@@ -102,11 +102,12 @@ async function requireWebGpu(page, browserName) {
 test.describe("webgpu", () => {
   // Ids of the short raw-code case: prefill + 8 tokens take minutes on SwiftShader, so Chromium
   // runs one model; Firefox (lavapipe) runs them all.
-  const name = "smollm2-135m-instruct-q4_0";
+  const chromiumModel = "smollm2-135m-instruct-q4_0";
+  const name = chromiumModel;
   const greedyTokens = 8;
   for (const model of models) {
   test(`${model}: first ${greedyTokens} greedy ids equal the HF reference`, async ({ page }, testInfo) => {
-    test.skip(testInfo.project.name === "chromium" && model !== name, "SwiftShader: one model (the others run in Firefox)");
+    test.skip(testInfo.project.name === "chromium" && model !== chromiumModel, "SwiftShader: one model (the others run in Firefox)");
     const name = model;
     test.setTimeout(20 * 60_000);
     requireFile(join(modelsDir, `${name}.gguf`));
