@@ -1,23 +1,9 @@
 //! lean-cli end to end on a real test model: chat, raw and multi-turn prompts give the HF
 //! reference's greedy ids; bad input exits non-zero with a message that names the problem.
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
-fn models() -> Option<PathBuf> {
-    let dir = std::env::var_os("LEAN_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../models")));
-    if dir.join("smollm2-135m-instruct-q4_0.gguf").is_file() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "test models missing in {}",
-        dir.display()
-    );
-    eprintln!("skipping: test models missing in {}", dir.display());
-    None
-}
+use common::models;
+use std::process::Command;
 
 fn fixture_case(name: &str) -> serde_json::Value {
     let path = concat!(

@@ -3,31 +3,17 @@
 //! equal `lean-cli --json` for the same conversation, streamed or not; the next turn of a
 //! conversation reuses the slot's cache; bad requests get OpenAI-style 4xx errors and the server
 //! goes on; a client that hangs up frees its slot; an overflowing queue gets 503.
+mod common;
+
+use common::models;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 const MODEL: &str = "smollm2-135m-instruct-q4_0.gguf";
-
-fn models() -> Option<PathBuf> {
-    let dir = std::env::var_os("LEAN_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../models")));
-    if dir.join(MODEL).is_file() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "test models missing in {}",
-        dir.display()
-    );
-    eprintln!("skipping: test models missing in {}", dir.display());
-    None
-}
 
 fn model_path() -> Option<String> {
     Some(models()?.join(MODEL).to_str().unwrap().to_string())
