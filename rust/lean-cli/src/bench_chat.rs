@@ -2,9 +2,9 @@
 //! cache carried across turns (the default) or dropped before each turn (`--no-reuse`), so the
 //! two can be compared side by side. Each turn adds a user message of about 40 tokens and
 //! generates `--gen-tokens` greedily (end-of-turn tokens ignored, so every turn is as long).
-use crate::{init_threads, load_model, model_and_tokenizer_paths, new_session, CliResult, Common};
+use crate::{init_threads, load_model, model_and_tokenizer, new_session, CliResult, Common};
 use clap::Args;
-use lean::{ChatMessage, Engine, GenerateOptions, Prompt, Tokenizer};
+use lean::{ChatMessage, Engine, GenerateOptions, Prompt};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -12,7 +12,7 @@ use std::time::Instant;
 pub struct BenchChatArgs {
     #[command(flatten)]
     common: Common,
-    /// tokenizer.json or its directory (default: next to the model).
+    /// tokenizer.json or its directory, or `gguf` (default: next to the model, else the GGUF's).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
     /// Turns of the conversation.
@@ -42,9 +42,9 @@ pub fn run(args: BenchChatArgs) -> CliResult {
     if args.turns == 0 || args.turns > questions.len() {
         return Err(format!("--turns must be 1 to {}", questions.len()).into());
     }
-    let (_, tok_path) = model_and_tokenizer_paths(&args.common, args.tokenizer.as_ref())?;
+    let (_, tok_source) = model_and_tokenizer(&args.common, args.tokenizer.as_ref())?;
     let (model, _) = load_model(&args.common)?;
-    let tokenizer = Tokenizer::from_path(&tok_path)?;
+    let tokenizer = tok_source.load(&model.gguf)?;
     let backend = args.common.backend.clone();
     let mut engine = Engine::with_backend(model, tokenizer, args.common.ctx, |model, context| {
         new_session(&backend, model, context)

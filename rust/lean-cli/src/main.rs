@@ -3,6 +3,7 @@
 mod bench;
 mod bench_chat;
 mod serve;
+mod tokenize;
 
 use clap::{Args, Parser, Subcommand};
 use lean::cpu::CpuSession;
@@ -38,6 +39,8 @@ enum Command {
     BenchChat(bench_chat::BenchChatArgs),
     /// A local OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions).
     Serve(serve::ServeArgs),
+    /// The ids of a text (or of JSON Lines strings from stdin) as a JSON array.
+    Tokenize(tokenize::TokenizeArgs),
 }
 
 #[derive(Args, Clone)]
@@ -60,8 +63,9 @@ pub struct Common {
 struct RunArgs {
     #[command(flatten)]
     common: Common,
-    /// tokenizer.json, or a directory with tokenizer.json [+ tokenizer_config.json, chat_template.jinja].
-    /// Default: next to the model (a tokenizer.json there, or a directory whose name starts the model's file name).
+    /// tokenizer.json, or a directory with tokenizer.json [+ tokenizer_config.json, chat_template.jinja],
+    /// or `gguf` for the model file's own tokenizer metadata. Default: next to the model (a
+    /// tokenizer.json there, or a directory whose name starts the model's file name), else the GGUF's.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
     /// The user message (or the text to complete with --raw).
@@ -103,6 +107,7 @@ fn main() -> ExitCode {
         Some(Command::Bench(args)) => bench::run(args),
         Some(Command::BenchChat(args)) => bench_chat::run(args),
         Some(Command::Serve(args)) => serve::run(args),
+        Some(Command::Tokenize(args)) => tokenize::run(args),
         None => run(cli.run),
     };
     match result {
@@ -180,27 +185,62 @@ fn find_tokenizer(model: &Path) -> Option<PathBuf> {
     best.map(|(_, p)| p)
 }
 
-/// The model file `--model` names, checked to exist, and the tokenizer to use with it: `explicit`
-/// (`--tokenizer`) or the one found next to the model.
-pub fn model_and_tokenizer_paths(
+/// Where the tokenizer comes from: tokenizer files, or the GGUF's own metadata.
+#[derive(Clone, Debug)]
+pub enum TokenizerSource {
+    /// A tokenizer.json or its directory (with tokenizer_config.json, chat_template.jinja).
+    Files(PathBuf),
+    /// The model file's `tokenizer.ggml.*` metadata and `tokenizer.chat_template`.
+    Gguf,
+}
+
+impl TokenizerSource {
+    /// `--tokenizer gguf`, `--tokenizer PATH`, or (no flag) tokenizer files found next to the model,
+    /// else the GGUF's metadata.
+    pub fn choose(model: &Path, explicit: Option<&PathBuf>) -> TokenizerSource {
+        match explicit {
+            Some(p) if p.as_os_str() == "gguf" => TokenizerSource::Gguf,
+            Some(p) => TokenizerSource::Files(p.clone()),
+            None => find_tokenizer(model).map_or(TokenizerSource::Gguf, TokenizerSource::Files),
+        }
+    }
+
+    pub fn load(&self, gguf: &lean::gguf::Gguf) -> CliResult<Tokenizer> {
+        match self {
+            TokenizerSource::Files(path) => Ok(Tokenizer::from_path(path)?),
+            TokenizerSource::Gguf => Tokenizer::from_gguf(gguf, None, None).map_err(|e| {
+                format!(
+                    "{e} (no tokenizer.json was given or found next to the model: pass --tokenizer)"
+                )
+                .into()
+            }),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            TokenizerSource::Files(path) => path.display().to_string(),
+            TokenizerSource::Gguf => "the GGUF's metadata".into(),
+        }
+    }
+}
+
+/// The model file `--model` names, checked to exist, and where its tokenizer comes from.
+pub fn model_and_tokenizer(
     common: &Common,
     explicit: Option<&PathBuf>,
-) -> CliResult<(PathBuf, PathBuf)> {
+) -> CliResult<(PathBuf, TokenizerSource)> {
     let model_path = common.model.clone().ok_or("--model is required")?;
     if !model_path.is_file() {
         return Err(format!("{}: no such model file", model_path.display()).into());
     }
-    let tok_path = match explicit {
-        Some(p) => p.clone(),
-        None => find_tokenizer(&model_path)
-            .ok_or("no tokenizer found next to the model: pass --tokenizer (a tokenizer.json or its directory)")?,
-    };
-    Ok((model_path, tok_path))
+    let source = TokenizerSource::choose(&model_path, explicit);
+    Ok((model_path, source))
 }
 
 fn run(args: RunArgs) -> CliResult {
     init_threads(args.common.threads)?;
-    let (model_path, tok_path) = model_and_tokenizer_paths(&args.common, args.tokenizer.as_ref())?;
+    let (model_path, tok_source) = model_and_tokenizer(&args.common, args.tokenizer.as_ref())?;
     let prompt = if let Some(file) = &args.messages {
         let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
         let messages: Vec<ChatMessage> = serde_json::from_str(&text).map_err(|e| {
@@ -235,9 +275,10 @@ fn run(args: RunArgs) -> CliResult {
 
     let (model, load_seconds) = load_model(&args.common)?;
     let t = Instant::now();
-    let tokenizer = Tokenizer::from_path(&tok_path)?;
+    let tokenizer = tok_source.load(&model.gguf)?;
     let load_seconds = load_seconds + t.elapsed().as_secs_f64();
     eprintln!("lean: {} ({})", model_path.display(), model.describe());
+    eprintln!("lean: tokenizer from {}", tok_source.describe());
     let t = Instant::now();
     let backend = args.common.backend.clone();
     let mut engine = Engine::with_backend(model, tokenizer, args.common.ctx, |model, context| {

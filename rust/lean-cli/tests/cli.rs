@@ -235,3 +235,112 @@ fn bench_synthetic_needs_no_model_file() {
     let (ok, _, err) = lean(&["bench", "--synthetic", "llama-70b"]);
     assert!(!ok && err.contains("qwen2.5-3b"), "{err}");
 }
+
+/// The model file alone in a directory of its own: no tokenizer.json anywhere near it.
+fn lone_copy(m: &std::path::Path, file: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("lean-cli-lone-{}-{file}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lone = dir.join(file);
+    if !lone.exists() {
+        std::os::unix::fs::symlink(m.join(file), &lone).unwrap();
+    }
+    lone
+}
+
+#[test]
+fn a_lone_gguf_chats_with_its_own_tokenizer_and_template() {
+    let Some(m) = models() else { return };
+    let lone = lone_copy(&m, "smollm2-135m-instruct-q4_0.gguf");
+    for (args, case) in [
+        (vec!["--prompt", "What is the capital of France?"], "chat_short"),
+        (vec!["--raw", "--prompt", "The quick brown fox"], "raw_short"),
+    ] {
+        let mut all = vec!["--model", lone.to_str().unwrap(), "--json", "--tokens", "16", "--threads", "2"];
+        all.extend(args);
+        let (ok, stdout, stderr) = lean(&all);
+        assert!(ok, "{stderr}");
+        assert!(stderr.contains("tokenizer from the GGUF's metadata"), "{stderr}");
+        let out: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+        let reference = fixture_case(case);
+        assert_eq!(ids(&out["prompt_ids"]), ids(&reference["prompt_ids"]), "{case}");
+        let ours = ids(&out["token_ids"]);
+        assert_eq!(ours[..], ids(&reference["greedy_ids"])[..ours.len()], "{case}");
+    }
+    let _ = std::fs::remove_dir_all(lone.parent().unwrap());
+}
+
+#[test]
+fn tokenize_prints_ids_for_a_text_and_for_json_lines() {
+    let Some(m) = models() else { return };
+    let reference = fixture_case("raw_short");
+    let text = reference["prompt"].as_str().unwrap_or("The quick brown fox");
+    for file in ["smollm2-135m-instruct-q4_0.gguf", "qwen2.5-coder-0.5b-instruct-q4_0.gguf"] {
+        let model = m.join(file);
+        let model = model.to_str().unwrap();
+        // The GGUF's tokenizer and the tokenizer.json next to it give the same ids.
+        let (ok, from_gguf, err) = lean(&["tokenize", "-m", model, "--tokenizer", "gguf", text]);
+        assert!(ok, "{err}");
+        let (ok, from_json, err) = lean(&["tokenize", "-m", model, text]);
+        assert!(ok, "{err}");
+        assert_eq!(from_gguf, from_json, "{file}");
+        if file.starts_with("smollm2") {
+            let got: Vec<u64> = serde_json::from_str(from_gguf.trim()).unwrap();
+            assert_eq!(got, ids(&reference["prompt_ids"]));
+        }
+    }
+    // JSON Lines in, one array a line out; special-token text stays one id.
+    let model = m.join("smollm2-135m-instruct-q4_0.gguf");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lean-cli"))
+        .args(["tokenize", "-m", model.to_str().unwrap(), "--tokenizer", "gguf"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"\"<|im_start|>user\"\n\n\"\"\n\"a\\nb\"\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let lines: Vec<Vec<u64>> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    assert_eq!(lines[0][0], 1, "<|im_start|> is id 1");
+    assert_eq!(lines[1], Vec::<u64>::new());
+    assert_eq!(lines[2].len(), 3);
+    // A line that is not a JSON string is an error naming the line.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lean-cli"))
+        .args(["tokenize", "-m", model.to_str().unwrap()])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"\"ok\"\n{\"text\": 1}\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("line 2"), "{err}");
+}
+
+#[test]
+fn a_gguf_without_tokenizer_metadata_asks_for_a_tokenizer() {
+    let Some(_) = models() else { return };
+    // A valid GGUF (metadata only) that has no tokenizer.ggml.* keys.
+    let dir = std::env::temp_dir().join(format!("lean-cli-notok-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("bare.gguf");
+    let bytes = lean::gguf::GgufWriter::new()
+        .add("general.architecture", "llama")
+        .finish()
+        .unwrap();
+    std::fs::write(&file, bytes).unwrap();
+    let (ok, _, err) = lean(&["tokenize", "-m", file.to_str().unwrap(), "hi"]);
+    assert!(!ok && err.contains("tokenizer.ggml.model") && err.contains("--tokenizer"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}

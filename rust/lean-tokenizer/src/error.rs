@@ -16,6 +16,9 @@ pub enum TokenizerError {
     NoChatTemplate(String),
     /// The chat template does not compile or failed while rendering (e.g. `raise_exception`).
     Template(String),
+    /// The GGUF's tokenizer metadata (`tokenizer.ggml.*`) is missing, malformed or of a kind
+    /// lean cannot build; the text names the key and the value.
+    Gguf(String),
     Encode(String),
     Decode(String),
     /// The tokenizer knows ids beyond the model's vocabulary.
@@ -39,6 +42,7 @@ impl fmt::Display for TokenizerError {
             TokenizerError::Io { path, message } => write!(f, "cannot read {path}: {message}"),
             TokenizerError::NoChatTemplate(why) => write!(f, "no chat template: {why}"),
             TokenizerError::Template(e) => write!(f, "chat template error: {e}"),
+            TokenizerError::Gguf(e) => write!(f, "cannot build the tokenizer from the GGUF's metadata: {e}"),
             TokenizerError::Encode(e) => write!(f, "encoding failed: {e}"),
             TokenizerError::Decode(e) => write!(f, "decoding failed: {e}"),
             TokenizerError::VocabSize { tokenizer, model } => write!(

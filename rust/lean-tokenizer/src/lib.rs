@@ -10,6 +10,7 @@
 
 mod chat;
 mod error;
+mod gguf;
 mod stream;
 
 use std::collections::HashSet;
@@ -57,6 +58,8 @@ pub struct Tokenizer {
     special_tokens: Vec<(&'static str, String)>,
     eos_token_ids: Vec<u32>,
     chat: Result<chat::ChatTemplate, TokenizerError>,
+    /// Built from a GGUF's own metadata: its vocabulary is the model's by construction.
+    from_gguf: bool,
 }
 
 impl Tokenizer {
@@ -69,30 +72,57 @@ impl Tokenizer {
         tokenizer_config: Option<&[u8]>,
         chat_template: Option<&str>,
     ) -> Result<Tokenizer, TokenizerError> {
-        let mut inner = tokenizers::Tokenizer::from_bytes(tokenizer_json)
+        let inner = tokenizers::Tokenizer::from_bytes(tokenizer_json)
             .map_err(|e| TokenizerError::TokenizerJson(e.to_string()))?;
         let config = match tokenizer_config {
-            Some(bytes) => serde_json::from_slice::<Json>(bytes)
-                .map_err(|e| TokenizerError::Config(format!("not valid JSON: {e}")))?,
+            Some(bytes) => parse_config(bytes)?,
             None => Json::Null,
         };
-        if !config.is_null() && !config.is_object() {
-            return Err(TokenizerError::Config(
-                "the top level is not a JSON object".into(),
-            ));
+        Tokenizer::from_parts(inner, &config, chat_template, false)
+    }
+
+    /// Builds the tokenizer a GGUF describes in its metadata (`tokenizer.ggml.*`, and
+    /// `tokenizer.chat_template`), as transformers' `AutoTokenizer.from_pretrained(dir,
+    /// gguf_file=...)` builds it, for a model file that comes without a tokenizer.json.
+    /// A `tokenizer_config.json` given explicitly overrides the keys it sets (its chat template,
+    /// special tokens, class); a chat template text given explicitly replaces both.
+    pub fn from_gguf(
+        gguf: &lean_gguf::Gguf,
+        tokenizer_config: Option<&[u8]>,
+        chat_template: Option<&str>,
+    ) -> Result<Tokenizer, TokenizerError> {
+        let gguf::Built { inner, mut config } = gguf::build(gguf)?;
+        if let Some(bytes) = tokenizer_config {
+            if let (Json::Object(explicit), Json::Object(derived)) = (parse_config(bytes)?, &mut config) {
+                derived.extend(explicit);
+            }
         }
-        apply_transformers_class_pipeline(&mut inner, &config)?;
+        Tokenizer::from_parts(inner, &config, chat_template, true)
+    }
+
+    /// Whether this tokenizer was built from a GGUF's own metadata.
+    pub fn is_from_gguf(&self) -> bool {
+        self.from_gguf
+    }
+
+    fn from_parts(
+        mut inner: tokenizers::Tokenizer,
+        config: &Json,
+        chat_template: Option<&str>,
+        from_gguf: bool,
+    ) -> Result<Tokenizer, TokenizerError> {
+        apply_transformers_class_pipeline(&mut inner, config)?;
 
         let (vocab_size, id_limit) = vocab_extent(&inner);
 
         let mut special_tokens = Vec::new();
         for attribute in SPECIAL_TOKEN_ATTRIBUTES {
-            if let Some(text) = special_token_text(&config, attribute)? {
+            if let Some(text) = special_token_text(config, attribute)? {
                 special_tokens.push((attribute, text));
             }
         }
         let eos_token_ids = end_of_generation_ids(&inner, &special_tokens);
-        let chat = chat::ChatTemplate::resolve(&config, chat_template)
+        let chat = chat::ChatTemplate::resolve(config, chat_template)
             .and_then(chat::ChatTemplate::compile);
         Ok(Tokenizer {
             inner,
@@ -101,6 +131,7 @@ impl Tokenizer {
             special_tokens,
             eos_token_ids,
             chat,
+            from_gguf,
         })
     }
 
@@ -250,6 +281,11 @@ impl Tokenizer {
                 model: gguf_tokens.len(),
             });
         }
+        if self.from_gguf {
+            // Built from these very tokens; a few may be respelled (byte-level vocabularies spell
+            // tokens outside the byte alphabet by their bytes), so only the count is checked.
+            return Ok(());
+        }
         for (id, &model_token) in (0..self.id_limit).zip(gguf_tokens) {
             match self.id_to_token(id) {
                 Some(token) if token == model_token => {}
@@ -271,6 +307,18 @@ impl Tokenizer {
             .find(|(a, _)| *a == attribute)
             .map(|(_, t)| t.as_str())
     }
+}
+
+/// tokenizer_config.json's bytes: a JSON object.
+fn parse_config(bytes: &[u8]) -> Result<Json, TokenizerError> {
+    let config = serde_json::from_slice::<Json>(bytes)
+        .map_err(|e| TokenizerError::Config(format!("not valid JSON: {e}")))?;
+    if !config.is_object() {
+        return Err(TokenizerError::Config(
+            "the top level is not a JSON object".into(),
+        ));
+    }
+    Ok(config)
 }
 
 /// (`len(tokenizer)`, one past the largest id), without `get_vocab`, which copies the whole

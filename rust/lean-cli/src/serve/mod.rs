@@ -5,7 +5,7 @@ mod openai;
 mod slots;
 mod stop;
 
-use crate::{init_threads, load_model, model_and_tokenizer_paths, new_session, CliResult, Common};
+use crate::{init_threads, load_model, model_and_tokenizer, new_session, CliResult, Common};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
@@ -36,7 +36,7 @@ const DROPPED_MESSAGES_HEADER: &str = "x-lean-dropped-messages";
 pub struct ServeArgs {
     #[command(flatten)]
     common: Common,
-    /// tokenizer.json or its directory (default: next to the model, as for generation).
+    /// tokenizer.json or its directory, or `gguf` (default: as for generation: next to the model, else the GGUF's).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
     /// Address to listen on (loopback by default: the server has no authentication).
@@ -74,12 +74,12 @@ pub fn run(args: ServeArgs) -> CliResult {
         return Err("--slots must be at least 1".into());
     }
     init_threads(args.common.threads)?;
-    let (model_path, tok_path) = model_and_tokenizer_paths(&args.common, args.tokenizer.as_ref())?;
+    let (model_path, tok_source) = model_and_tokenizer(&args.common, args.tokenizer.as_ref())?;
     let mut engines = Vec::new();
     for _ in 0..args.slots {
         // Natively the model file is memory-mapped: every slot's engine shares its pages.
         let (model, _) = load_model(&args.common)?;
-        let tokenizer = Tokenizer::from_path(&tok_path)?;
+        let tokenizer = tok_source.load(&model.gguf)?;
         let backend = args.common.backend.clone();
         engines.push(Engine::with_backend(
             model,
@@ -98,7 +98,7 @@ pub fn run(args: ServeArgs) -> CliResult {
     );
     let server = Arc::new(Server {
         context_length: engines[0].context_length(),
-        tokenizer: Tokenizer::from_path(&tok_path)?,
+        tokenizer: tok_source.load(&engines[0].model.gguf)?,
         slots: Slots::start(engines, args.queue),
         model_name: model_path
             .file_stem()

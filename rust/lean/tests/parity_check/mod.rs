@@ -70,12 +70,14 @@ pub fn fixture_for(file: &str) -> Fixture {
     serde_json::from_slice(&std::fs::read(&fixture_path).expect("fixture")).expect("fixture json")
 }
 
-/// The model file and its tokenizer from the test models directory (None: skipped).
+/// The model file and its tokenizer from the test models directory (None: skipped). The
+/// tokenizer is the one the GGUF's own metadata describes: the fixtures pass with the file alone.
+/// (The tokenizer.json path is checked against transformers by lean-tokenizer's tests, and
+/// against the engine by steps.rs and errors.rs.)
 pub fn load(file: &str) -> Option<(Model, Tokenizer)> {
     let models = common::models_dir()?;
     let model = Model::load_file(&models.join(file)).expect("model loads");
-    let tokenizer =
-        Tokenizer::from_path(&common::tokenizer_dir_for(&models, file)).expect("tokenizer loads");
+    let tokenizer = Tokenizer::from_gguf(&model.gguf, None, None).expect("tokenizer from the GGUF");
     Some((model, tokenizer))
 }
 
