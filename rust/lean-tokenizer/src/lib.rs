@@ -289,6 +289,9 @@ impl Tokenizer {
         for (id, &model_token) in (0..self.id_limit).zip(gguf_tokens) {
             match self.id_to_token(id) {
                 Some(token) if token == model_token => {}
+                // Gemma's GGUFs store whitespace tokens with real spaces ("  "); the
+                // tokenizer.json transformers converts spells them "▁▁".
+                Some(token) if same_whitespace_token(&token, model_token) => {}
                 tokenizer_token => {
                     return Err(TokenizerError::VocabToken {
                         id,
@@ -307,6 +310,15 @@ impl Tokenizer {
             .find(|(a, _)| *a == attribute)
             .map(|(_, t)| t.as_str())
     }
+}
+
+/// Whether `tokenizer` is `gguf`'s whitespace-only token respelled as transformers' Gemma
+/// conversion does: one "▁" per character (Gemma's GGUFs store such tokens with real spaces).
+fn same_whitespace_token(tokenizer: &str, gguf: &str) -> bool {
+    gguf.contains(' ')
+        && gguf.chars().all(char::is_whitespace)
+        && tokenizer.chars().count() == gguf.chars().count()
+        && tokenizer.chars().all(|c| c == '\u{2581}')
 }
 
 /// tokenizer_config.json's bytes: a JSON object.

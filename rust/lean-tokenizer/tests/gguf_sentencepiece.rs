@@ -265,6 +265,17 @@ fn gemma3_saved_tokenizer_json_matches_too() {
     }
     let tok = Tokenizer::from_path(&dir).unwrap();
     assert_all_match(GEMMA, &tok);
+    // It belongs to the GGUF although whitespace tokens are spelled "▁▁" there and "  " here.
+    let bytes = std::fs::read(models.join(GEMMA)).unwrap();
+    let gguf = Gguf::parse(&bytes).unwrap();
+    let tokens = gguf.string_array("tokenizer.ggml.tokens").unwrap();
+    assert!(tokens.contains(&"  "));
+    tok.check_vocab(&tokens).unwrap();
+    let mut other = tokens.clone();
+    other[138] = " \t";
+    assert!(tok.check_vocab(&other).is_ok(), "a whitespace token is respelled whole");
+    other[138] = "x";
+    assert!(tok.check_vocab(&other).is_err());
 }
 
 // --- errors -----------------------------------------------------------------------------------
