@@ -32,6 +32,13 @@ impl ChatMessage {
 }
 
 const TEMPLATE_NAME: &str = "chat_template";
+/// Chat templates come with model files from anywhere: they are untrusted code. A render may run
+/// this many minijinja instructions (a real template over a long chat takes well under 1 % of it;
+/// the limit is reached in about a second natively)...
+pub(crate) const TEMPLATE_FUEL: u64 = 20_000_000;
+/// ...and write this many bytes (far past any context window's text). Recursion is bounded by
+/// minijinja (500 levels), as are `range` and string repetition.
+pub(crate) const TEMPLATE_MAX_OUTPUT: usize = 64 << 20;
 /// `strftime_now` reads the system clock while the pinned time is this.
 const CLOCK_NOT_PINNED: i64 = i64::MIN;
 
@@ -84,6 +91,7 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_keep_trailing_newline(false);
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.set_formatter(python_formatter);
         env.add_function("raise_exception", raise_exception);
@@ -131,9 +139,41 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| TokenizerError::Template(describe(&e)))?;
-        template
-            .render(context)
-            .map_err(|e| TokenizerError::Template(describe(&e)))
+        let mut out = CappedOutput::default();
+        match template.render_to_write(context, &mut out) {
+            Ok(_) => String::from_utf8(out.bytes)
+                .map_err(|_| TokenizerError::Template("the output is not valid UTF-8".into())),
+            Err(_) if out.overflowed => Err(TokenizerError::Template(format!(
+                "the template wrote more than {} MiB; refused (a template that explodes?)",
+                TEMPLATE_MAX_OUTPUT >> 20
+            ))),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(TokenizerError::Template(format!(
+                "the template ran more than {TEMPLATE_FUEL} instructions; stopped (a loop that does not end?)"
+            ))),
+            Err(e) => Err(TokenizerError::Template(describe(&e))),
+        }
+    }
+}
+
+/// The rendered text, refused past [`TEMPLATE_MAX_OUTPUT`] bytes.
+#[derive(Default)]
+struct CappedOutput {
+    bytes: Vec<u8>,
+    overflowed: bool,
+}
+
+impl std::io::Write for CappedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > TEMPLATE_MAX_OUTPUT {
+            self.overflowed = true;
+            return Err(std::io::Error::other("template output limit"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -649,6 +689,54 @@ mod tests {
         template
             .render(context)
             .map_err(|e| TokenizerError::Template(describe(&e)))
+    }
+
+    /// Renders `source` over `messages` through the limits real chats run under.
+    fn render_chat(source: &str, messages: &[ChatMessage]) -> Result<String, TokenizerError> {
+        let chat = ChatTemplate::compile(source.to_string())?;
+        chat.render(messages, true, &[("eos_token", "</s>".into())])
+    }
+
+    #[test]
+    fn untrusted_templates_are_stopped_with_a_clear_error() {
+        let hi = [ChatMessage::new("user", "hi")];
+        let cases = [
+            // 10^10 iterations: stopped by fuel.
+            (
+                "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+                "instructions",
+            ),
+            // 10 GB of output: stopped at the output cap.
+            ("{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}", "MiB"),
+            // Unbounded recursion: minijinja's depth limit.
+            ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recursion"),
+            ("{{ 'x' * 1000000000 }}", "too large"),
+            ("{{ range(1000000000000)|length }}", "too many"),
+        ];
+        for (source, want) in cases {
+            let start = std::time::Instant::now();
+            let err = render_chat(source, &hi).unwrap_err().to_string();
+            assert!(err.contains(want), "{source}: {err}");
+            // (A second at most on a quiet machine; generous here for loaded CI runners.)
+            assert!(start.elapsed().as_secs() < 20, "{source}: {:?}", start.elapsed());
+        }
+    }
+
+    #[test]
+    fn real_templates_over_long_chats_stay_far_from_the_limits() {
+        // ChatML with a system default, as SmolLM2's and Qwen's templates: 2,000 turns.
+        let source = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are helpful.<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+        let messages: Vec<ChatMessage> = (0..2000)
+            .map(|i| ChatMessage::new(if i % 2 == 0 { "user" } else { "assistant" }, format!("turn {i} ").repeat(20)))
+            .collect();
+        let text = render_chat(source, &messages).unwrap();
+        assert!(text.len() > 2000 * 100);
+        let chat = ChatTemplate::compile(source.to_string()).unwrap();
+        let template = chat.env.get_template(TEMPLATE_NAME).unwrap();
+        let context = minijinja::context! { messages => Value::from_serialize(&messages), add_generation_prompt => true };
+        let state = template.render_to_write(context, std::io::sink()).unwrap();
+        let (used, _) = state.fuel_levels().unwrap();
+        assert!(used < TEMPLATE_FUEL / 20, "2,000 turns used {used} of {TEMPLATE_FUEL} fuel");
     }
 
     fn data(json: &str) -> Value {
