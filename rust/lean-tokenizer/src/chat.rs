@@ -140,7 +140,7 @@ impl ChatTemplate {
             .get_template(TEMPLATE_NAME)
             .map_err(|e| TokenizerError::Template(describe(&e)))?;
         let mut out = CappedOutput::default();
-        match template.render_to_write(context, &mut out) {
+        match template.render_captured_to(context, &mut out) {
             Ok(_) => String::from_utf8(out.bytes)
                 .map_err(|_| TokenizerError::Template("the output is not valid UTF-8".into())),
             Err(_) if out.overflowed => Err(TokenizerError::Template(format!(
@@ -734,8 +734,8 @@ mod tests {
         let chat = ChatTemplate::compile(source.to_string()).unwrap();
         let template = chat.env.get_template(TEMPLATE_NAME).unwrap();
         let context = minijinja::context! { messages => Value::from_serialize(&messages), add_generation_prompt => true };
-        let state = template.render_to_write(context, std::io::sink()).unwrap();
-        let (used, _) = state.fuel_levels().unwrap();
+        let captured = template.render_captured_to(context, std::io::sink()).unwrap();
+        let (used, _) = captured.state().fuel_levels().unwrap();
         assert!(used < TEMPLATE_FUEL / 20, "2,000 turns used {used} of {TEMPLATE_FUEL} fuel");
     }
 
