@@ -22,10 +22,43 @@ async function read(stream, { stopAfter = Infinity, stop = () => {} } = {}) {
   return { streamedIds: ids, error, finishReason: result.finishReason, tokenIds: result.tokenIds };
 }
 
+/**
+ * The model spec the test sent (plain data), with its GGUF turned into what an app may also pass
+ * (tests/lone-gguf.spec.js): `gguf.fetch` (a URL) is fetched here and given `as` a "file",
+ * "blob", "arraybuffer" or "uint8array", after replacing the metadata key `renameKey[0]` with
+ * `renameKey[1]` (of the same length) when given; `gguf.bytes` (numbers) is given as an ArrayBuffer.
+ */
+async function materialize(model) {
+  const gguf = model?.gguf;
+  if (typeof gguf !== "object" || gguf === null || !("fetch" in gguf || "bytes" in gguf)) return model;
+  let bytes;
+  if ("bytes" in gguf) {
+    bytes = new Uint8Array(gguf.bytes);
+  } else {
+    const response = await fetch(gguf.fetch);
+    if (!response.ok) throw new Error(`${gguf.fetch}: HTTP ${response.status}`);
+    bytes = new Uint8Array(await response.arrayBuffer());
+  }
+  if (gguf.renameKey) {
+    const [from, to] = gguf.renameKey.map((key) => new TextEncoder().encode(key));
+    const at = bytes.findIndex((_, i) => from.every((b, j) => bytes[i + j] === b));
+    if (at < 0 || from.length !== to.length) throw new Error(`cannot rename ${gguf.renameKey[0]}`);
+    bytes.set(to, at);
+  }
+  const as = {
+    file: () => new File([bytes], gguf.name ?? "model.gguf"),
+    blob: () => new Blob([bytes]),
+    arraybuffer: () => bytes.buffer,
+    uint8array: () => bytes,
+  }[gguf.as ?? "arraybuffer"];
+  return { ...model, gguf: as() };
+}
+
 window.leanJs = {
   /** Creates the engine; reports where each file came from (network or cache). */
   async load({ model, backend, threads, cache, threadPoolTimeoutMs, testHooks }) {
     engine?.dispose();
+    model = await materialize(model);
     const sources = {};
     const warnings = [];
     const started = performance.now();
@@ -49,6 +82,7 @@ window.leanJs = {
       crossOriginIsolated: globalThis.crossOriginIsolated,
       sources,
       warnings,
+      tokenizerFromGguf: engine.info.tokenizerFromGguf,
     };
   },
 
@@ -106,6 +140,16 @@ window.leanJs = {
     }
     return turns;
   },
+
+  /** A greedy generation's ids and its prompt's length (tests/lone-gguf.spec.js). */
+  async run(prompt, maxTokens) {
+    const stream = engine.generate(prompt, { maxTokens, temperature: 0, stopTokenIds: [] });
+    for await (const _ of stream);
+    const { tokenIds, promptTokens, finishReason } = await stream.result;
+    return { tokenIds, promptTokens, finishReason };
+  },
+
+  tokenize: (text) => engine.tokenize(text),
 
   /** A whole greedy generation. */
   generate(prompt, maxTokens) {

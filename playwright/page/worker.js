@@ -38,8 +38,10 @@ async function fetchHead(url, bytes) {
   return head.subarray(0, filled);
 }
 
-/** The loader's engine from the tokenizer files in `tokenizerDir` (a URL ending in "/"). */
+/** The loader's engine from the tokenizer files in `tokenizerDir` (a URL ending in "/"), or,
+ * without one, from the tokenizer and chat template in the GGUF's own metadata. */
 async function finish(loader, tokenizerDir, contextLength) {
+  if (!tokenizerDir) return await loader.finish(null, null, null, contextLength);
   const [tokenizerJson, tokenizerConfig, chatTemplate] = await Promise.all([
     fetchBytes(`${tokenizerDir}tokenizer.json`),
     fetchBytes(`${tokenizerDir}tokenizer_config.json`),

@@ -1,6 +1,7 @@
 // Browser parity: in each browser (Playwright project) and each CPU backend (simd = the
 // single-thread build, threads = the multi-thread build on 2 pool threads), every test model's
-// greedy ids equal the Hugging Face float32 reference (fixtures/hf). The webgpu backend runs on
+// greedy ids equal the Hugging Face float32 reference (fixtures/hf), with nothing but the GGUF
+// (tokenizer and chat template from its metadata). The webgpu backend runs on
 // software WebGPU here (SwiftShader in Chromium, lavapipe in Firefox: ~1000× slower than a GPU),
 // so it checks a short case's first greedy ids: on one model in Chromium, and on every model in
 // Firefox, whose lavapipe is faster and binds at most 128 MiB (the Qwen2.5 files' 151936-row
@@ -116,8 +117,7 @@ test.describe("webgpu", () => {
     await start(page, "webgpu", testInfo);
     const { loadMs, info } = await lean(page, "load", {
       gguf: `/models/${name}.gguf`,
-      tokenizerDir: `/models/${reference.tokenizer}/`,
-      contextLength: 256,
+      contextLength: 256, // the GGUF alone, as above
     });
     expect(info.backend).toMatch(/^gpu \(/);
     const c = reference.cases.find((c) => c.name === "raw_code");
@@ -165,7 +165,8 @@ for (const backend of backends) {
         await start(page, backend, testInfo);
         const { loadMs, info } = await lean(page, "load", {
           gguf: `/models/${name}.gguf`,
-          tokenizerDir: `/models/${reference.tokenizer}/`,
+          // The GGUF alone: its tokenizer and chat template come from its metadata (the
+          // tokenizer.json path runs in lean-js.spec.js and demo.spec.js).
           contextLength: 1024,
         });
         expect(info.context_length).toBe(1024);

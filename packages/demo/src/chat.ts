@@ -1,6 +1,10 @@
 // The chat page: load a model (progress per file), chat with streamed tokens, stop, tok/s.
-// URL parameters preselect the form and can start loading: ?model=<id>&backend=<b>&autoload=1.
-// document.body.dataset.state says what the page is doing (for people and for tests).
+// A model is a catalog entry, or any GGUF alone (by file picker, drag and drop, or URL), which
+// runs on the tokenizer and chat template in its own metadata.
+// URL parameters preselect the form and can start loading: ?model=<id>&backend=<b>&autoload=1,
+// or ?gguf=<url>&autoload=1 for a GGUF by URL.
+// document.body.dataset.state says what the page is doing (for people and for tests), and
+// dataset.tokenizer where the loaded model's tokenizer came from ("gguf" or "files").
 import {
   catalog,
   createEngine,
@@ -10,6 +14,7 @@ import {
   type ChatMessage,
   type Engine,
   type LoadProgress,
+  type ModelFiles,
 } from "lean-js";
 
 /** Works offline: the dev server serves lean's test models under /models/. */
@@ -20,6 +25,10 @@ const modelSelect = $<HTMLSelectElement>("model");
 const backendSelect = $<HTMLSelectElement>("backend");
 const contextInput = $<HTMLInputElement>("context");
 const loadButton = $<HTMLButtonElement>("load");
+const ggufFileInput = $<HTMLInputElement>("gguf-file");
+const ggufUrlInput = $<HTMLInputElement>("gguf-url");
+const loadUrlButton = $<HTMLButtonElement>("load-url");
+const dropOverlay = $("drop-overlay");
 const progressBox = $("progress");
 const engineStatus = $("engine-status");
 const chatSection = $("chat");
@@ -50,6 +59,10 @@ for (const model of catalog) {
 const params = new URLSearchParams(location.search);
 modelSelect.value = params.get("model") ?? DEFAULT_MODEL;
 backendSelect.value = params.get("backend") ?? "auto";
+ggufUrlInput.value = params.get("gguf") ?? "";
+
+/** What to load: a catalog id, or a GGUF alone (a File or a URL) with a name to show. */
+type ModelSource = { id: string } | { gguf: File | string; label: string };
 
 /** One <progress> per model file. */
 function showProgress(p: LoadProgress): void {
@@ -71,7 +84,7 @@ function showProgress(p: LoadProgress): void {
   }
 }
 
-async function load(): Promise<void> {
+async function load(source: ModelSource): Promise<void> {
   generation?.abort();
   engine?.dispose();
   engine = null;
@@ -79,13 +92,17 @@ async function load(): Promise<void> {
   messageList.replaceChildren();
   chatSection.hidden = true;
   progressBox.replaceChildren();
-  loadButton.disabled = true;
+  setLoadButtons(true);
   setState("loading");
-  engineStatus.textContent = "Loading…";
+  delete document.body.dataset.tokenizer;
+  engineStatus.classList.remove("error");
+  const label = "id" in source ? source.id : source.label;
+  engineStatus.textContent = `Loading ${label}…`;
   const started = performance.now();
   try {
+    const model: string | ModelFiles = "id" in source ? source.id : { gguf: source.gguf };
     engine = await createEngine({
-      model: modelSelect.value,
+      model,
       backend: backendSelect.value as BackendChoice,
       contextLength: contextInput.value ? Number(contextInput.value) : undefined,
       onProgress: showProgress,
@@ -97,20 +114,87 @@ async function load(): Promise<void> {
       },
     });
     const seconds = ((performance.now() - started) / 1000).toFixed(1);
+    const tokenizer = engine.info.tokenizerFromGguf
+      ? "tokenizer and chat template from the GGUF's metadata"
+      : "tokenizer files";
     engineStatus.textContent =
-      `${engine.backend} backend (${engine.backendReason}). ${engine.info.description}; ` +
-      `context ${engine.info.contextLength} tokens; loaded in ${seconds} s.`;
+      `${label}: ${engine.backend} backend (${engine.backendReason}). ${engine.info.description}; ` +
+      `context ${engine.info.contextLength} tokens; ${tokenizer}` +
+      `${engine.info.hasChatTemplate ? "" : " (no chat template: chat needs one)"}; loaded in ${seconds} s.`;
     document.body.dataset.backend = engine.backend;
+    document.body.dataset.tokenizer = engine.info.tokenizerFromGguf ? "gguf" : "files";
     chatSection.hidden = false;
     setState("ready");
     promptInput.focus();
   } catch (e) {
-    engineStatus.textContent = errorText(e);
+    engineStatus.textContent = `Could not load ${label}: ${errorText(e)}`;
+    engineStatus.classList.add("error");
     setState("error");
   } finally {
-    loadButton.disabled = false;
+    setLoadButtons(false);
     void refreshCached();
   }
+}
+
+function setLoadButtons(disabled: boolean): void {
+  loadButton.disabled = disabled;
+  loadUrlButton.disabled = disabled;
+  ggufFileInput.disabled = disabled;
+}
+
+/** A file picked or dropped: loaded at once (nothing else is needed). */
+function loadFile(file: File): void {
+  void load({ gguf: file, label: file.name });
+}
+
+function loadUrl(): void {
+  const url = ggufUrlInput.value.trim();
+  if (!url) {
+    engineStatus.textContent = "Enter the URL of a .gguf file (absolute, or relative to this page).";
+    engineStatus.classList.add("error");
+    ggufUrlInput.focus();
+    return;
+  }
+  void load({ gguf: url, label: url });
+}
+
+/** Drag and drop anywhere on the page: a .gguf file, or a link to one. */
+function setUpDrop(): void {
+  let depth = 0;
+  const carriesModel = (event: DragEvent) =>
+    event.dataTransfer?.types.some((t) => t === "Files" || t === "text/uri-list") ?? false;
+  const hide = () => {
+    depth = 0;
+    dropOverlay.hidden = true;
+  };
+  document.addEventListener("dragenter", (event) => {
+    if (!carriesModel(event)) return;
+    event.preventDefault();
+    depth++;
+    dropOverlay.hidden = false;
+  });
+  document.addEventListener("dragover", (event) => {
+    if (!carriesModel(event)) return;
+    event.preventDefault();
+    if (event.dataTransfer) event.dataTransfer.dropEffect = "copy";
+  });
+  document.addEventListener("dragleave", () => {
+    if (--depth <= 0) hide();
+  });
+  document.addEventListener("drop", (event) => {
+    hide();
+    const data = event.dataTransfer;
+    if (!data) return;
+    event.preventDefault();
+    if (document.body.dataset.state === "loading") return;
+    const file = data.files[0];
+    if (file) return loadFile(file);
+    const url = data.getData("text/uri-list").split(/\r?\n/).find((line) => line && !line.startsWith("#"));
+    if (url) {
+      ggufUrlInput.value = url;
+      loadUrl();
+    }
+  });
 }
 
 function addMessage(role: string, text: string): HTMLElement {
@@ -199,7 +283,21 @@ async function refreshCached(): Promise<void> {
   }
 }
 
-loadButton.onclick = () => void load();
+loadButton.onclick = () => void load({ id: modelSelect.value });
+ggufFileInput.onchange = () => {
+  const file = ggufFileInput.files?.[0];
+  if (file) loadFile(file);
+  // Picking the same file again loads it again.
+  ggufFileInput.value = "";
+};
+loadUrlButton.onclick = loadUrl;
+ggufUrlInput.onkeydown = (event) => {
+  if (event.key === "Enter") {
+    event.preventDefault();
+    loadUrl();
+  }
+};
+setUpDrop();
 composer.onsubmit = (event) => {
   event.preventDefault();
   void send();
@@ -223,4 +321,7 @@ $("clear-cache").onclick = async () => {
 
 setState("idle");
 void refreshCached();
-if (params.get("autoload") === "1") void load();
+if (params.get("autoload") === "1") {
+  if (params.get("gguf")) loadUrl();
+  else void load({ id: modelSelect.value });
+}

@@ -1,7 +1,8 @@
 /**
  * Models lean-js knows by id: the four seed models (Q4_0 GGUFs on Hugging Face, tokenizer files
  * from the original repositories), fetched at run time and never bundled, and lean's test models,
- * which an app serves itself (URLs relative to `modelBaseUrl`).
+ * which an app serves itself (URLs relative to `modelBaseUrl`). An entry without tokenizer
+ * files runs on the tokenizer and chat template in its GGUF's own metadata.
  */
 import type { GpuNeeds, ModelFileRole } from "./protocol.js";
 
@@ -25,8 +26,11 @@ export interface CatalogModel {
   /** Served by the app rather than downloaded from Hugging Face (lean's test models). */
   local: boolean;
   gguf: CatalogFile;
-  tokenizer: CatalogFile;
-  tokenizerConfig: CatalogFile;
+  /** tokenizer.json; null: the tokenizer comes from the GGUF's metadata (`tokenizer.ggml.*`). */
+  tokenizer: CatalogFile | null;
+  /** tokenizer_config.json (its settings win over the GGUF's), when there is one. */
+  tokenizerConfig: CatalogFile | null;
+  /** chat_template.jinja, which wins over the config's and the GGUF's template. */
   chatTemplate: CatalogFile | null;
   gpu: GpuNeeds | null;
 }
@@ -184,18 +188,17 @@ export function findModel(id: string): CatalogModel | undefined {
   return catalog.find((m) => m.id === id);
 }
 
-/** Every file of `model`, with URLs made absolute (`modelBaseUrl` for local models). */
+/** Every file of `model` (the GGUF first, then those of the tokenizer it has), with URLs made absolute (`modelBaseUrl` for local models). */
 export function catalogFiles(
   model: CatalogModel,
   modelBaseUrl: string | URL,
 ): { role: ModelFileRole; file: CatalogFile }[] {
   const absolute = (f: CatalogFile): CatalogFile =>
     model.local ? { ...f, url: new URL(f.url, modelBaseUrl).href } : f;
-  const files: { role: ModelFileRole; file: CatalogFile }[] = [
-    { role: "gguf", file: absolute(model.gguf) },
-    { role: "tokenizer", file: absolute(model.tokenizer) },
-    { role: "tokenizerConfig", file: absolute(model.tokenizerConfig) },
-  ];
-  if (model.chatTemplate) files.push({ role: "chatTemplate", file: absolute(model.chatTemplate) });
+  const files: { role: ModelFileRole; file: CatalogFile }[] = [{ role: "gguf", file: absolute(model.gguf) }];
+  for (const role of ["tokenizer", "tokenizerConfig", "chatTemplate"] as const) {
+    const file = model[role];
+    if (file) files.push({ role, file: absolute(file) });
+  }
   return files;
 }

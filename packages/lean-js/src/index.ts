@@ -55,20 +55,30 @@ export type {
 /** A model file: a URL (absolute, or relative to the page), a File/Blob, or its bytes. */
 export type FileInput = string | URL | Blob | ArrayBuffer | Uint8Array;
 
-/** A model given by its files rather than a catalog id. */
+/**
+ * A model given by its files rather than a catalog id: the GGUF alone (its tokenizer and chat
+ * template come from its own metadata, `tokenizer.ggml.*` and `tokenizer.chat_template`), or
+ * with Hugging Face tokenizer files, which win over the GGUF's.
+ */
 export interface ModelFiles {
   gguf: FileInput;
-  tokenizer: FileInput;
-  tokenizerConfig: FileInput;
-  /** chat_template.jinja, for a tokenizer_config.json without "chat_template". */
+  /** tokenizer.json. Without it, the tokenizer is built from the GGUF's metadata. */
+  tokenizer?: FileInput;
+  /** tokenizer_config.json (special tokens, chat template); its settings win over the GGUF's. */
+  tokenizerConfig?: FileInput;
+  /** chat_template.jinja: wins over the template of tokenizer_config.json and of the GGUF. */
   chatTemplate?: FileInput;
 }
 
+const MODEL_FILE_ROLES = ["gguf", "tokenizer", "tokenizerConfig", "chatTemplate"] as const;
+const MODEL_SPEC = "{ gguf, tokenizer?, tokenizerConfig?, chatTemplate? }";
+
 export interface CreateEngineOptions {
   /**
-   * A catalog id (see `catalog`) or the model's files. ArrayBuffers are transferred to the
-   * worker (the caller's buffer becomes detached); for large models prefer a URL, File or Blob,
-   * which stream into wasm memory without a second copy.
+   * A catalog id (see `catalog`) or the model's files: `{ gguf }` alone runs on the tokenizer
+   * and chat template in the GGUF's metadata. ArrayBuffers are transferred to the worker (the
+   * caller's buffer becomes detached); for large models prefer a URL, File or Blob, which stream
+   * into wasm memory without a second copy.
    */
   model: string | ModelFiles;
   /** Default "auto": WebGPU, else threads, else SIMD, by capability. */
@@ -119,7 +129,7 @@ function defaultModelBaseUrl(options: { modelBaseUrl?: string | URL }): string {
 }
 
 function wireFile(input: FileInput, what: string): WireFile {
-  if (typeof input === "string" || input instanceof URL) {
+  if ((typeof input === "string" && input !== "") || input instanceof URL) {
     const url = absoluteUrl(input);
     return { name: url, source: { url }, size: null, sha256: null };
   }
@@ -136,7 +146,21 @@ function wireFile(input: FileInput, what: string): WireFile {
     const bytes = whole ? (input.buffer as ArrayBuffer) : input.slice().buffer;
     return { name: `${what} (Uint8Array)`, source: { bytes }, size: null, sha256: null };
   }
-  throw new TypeError(`model.${what} must be a URL, File, Blob, ArrayBuffer or Uint8Array`);
+  throw new TypeError(
+    `model.${what} must be a URL (string or URL), File, Blob, ArrayBuffer or Uint8Array, got ${describeValue(input)}`,
+  );
+}
+
+function describeValue(value: unknown): string {
+  if (value === null) return "null";
+  if (typeof value === "string") return value === "" ? "an empty string" : JSON.stringify(value);
+  if (typeof value !== "object") return typeof value;
+  return (value as object).constructor?.name ?? "an object";
+}
+
+/** A file of the spec: null when absent (undefined or null). */
+function optionalWireFile(input: FileInput | null | undefined, what: string): WireFile | null {
+  return input === undefined || input === null ? null : wireFile(input, what);
 }
 
 function resolveModel(
@@ -146,7 +170,11 @@ function resolveModel(
   if (typeof model === "string") {
     const entry = findModel(model);
     if (!entry) {
-      throw new TypeError(`unknown model id '${model}' (known: ${catalog.map((m) => m.id).join(", ")})`);
+      const looksLikeFile = /\.gguf([?#].*)?$/i.test(model) || /^[a-z]+:\/\//i.test(model);
+      throw new TypeError(
+        `unknown model id '${model}' (known: ${catalog.map((m) => m.id).join(", ")})` +
+          (looksLikeFile ? `; for a GGUF file give model: { gguf: "${model}" }` : ""),
+      );
     }
     const files = Object.fromEntries(
       catalogFiles(entry, defaultModelBaseUrl(options)).map(({ role, file }) => [
@@ -157,22 +185,35 @@ function resolveModel(
     return {
       wire: {
         gguf: files.gguf!,
-        tokenizer: files.tokenizer!,
+        tokenizer: files.tokenizer ?? null,
         tokenizerConfig: files.tokenizerConfig ?? null,
         chatTemplate: files.chatTemplate ?? null,
       },
       entry,
     };
   }
-  if (typeof model !== "object" || model === null || !model.gguf || !model.tokenizer || !model.tokenizerConfig) {
-    throw new TypeError("model must be a catalog id or { gguf, tokenizer, tokenizerConfig, chatTemplate? }");
+  const isFile = (v: unknown) => v instanceof URL || v instanceof Blob || v instanceof ArrayBuffer || ArrayBuffer.isView(v);
+  if (typeof model !== "object" || model === null || isFile(model)) {
+    throw new TypeError(
+      `model must be a catalog id or ${MODEL_SPEC}: a GGUF alone (a URL, File, Blob, ArrayBuffer or ` +
+        `Uint8Array) runs on the tokenizer in its own metadata; got ${describeValue(model)}`,
+    );
+  }
+  const unknown = Object.keys(model).filter((key) => !(MODEL_FILE_ROLES as readonly string[]).includes(key));
+  if (unknown.length > 0) {
+    throw new TypeError(`unknown model file ${unknown.map((k) => `'${k}'`).join(", ")} (known: ${MODEL_FILE_ROLES.join(", ")})`);
+  }
+  if (model.gguf === undefined || model.gguf === null || model.gguf === "") {
+    throw new TypeError(
+      `model.gguf is required: model must be a catalog id or ${MODEL_SPEC} (the tokenizer files are optional)`,
+    );
   }
   return {
     wire: {
       gguf: wireFile(model.gguf, "gguf"),
-      tokenizer: wireFile(model.tokenizer, "tokenizer"),
-      tokenizerConfig: wireFile(model.tokenizerConfig, "tokenizerConfig"),
-      chatTemplate: model.chatTemplate === undefined ? null : wireFile(model.chatTemplate, "chatTemplate"),
+      tokenizer: optionalWireFile(model.tokenizer, "tokenizer"),
+      tokenizerConfig: optionalWireFile(model.tokenizerConfig, "tokenizerConfig"),
+      chatTemplate: optionalWireFile(model.chatTemplate, "chatTemplate"),
     },
     entry: null,
   };

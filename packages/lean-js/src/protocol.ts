@@ -83,6 +83,8 @@ export interface ModelInfo {
   eosToken: string | null;
   eosTokenIds: number[];
   hasChatTemplate: boolean;
+  /** Whether the tokenizer (and chat template) came from the GGUF's metadata, no tokenizer.json given. */
+  tokenizerFromGguf: boolean;
   /**
    * Token ids the KV cache holds (the last conversation), kept current after each generation: a
    * next prompt that starts with them prefills only the rest (see `Engine.cacheInfo`).
@@ -119,9 +121,14 @@ export interface WireFile {
   sha256: string | null;
 }
 
+/**
+ * A model's files as the worker receives them. Without `tokenizer` (tokenizer.json) the engine
+ * builds the tokenizer and chat template from the GGUF's metadata; `tokenizerConfig` and
+ * `chatTemplate`, when given, win over what the GGUF says.
+ */
 export interface WireModel {
   gguf: WireFile;
-  tokenizer: WireFile;
+  tokenizer: WireFile | null;
   tokenizerConfig: WireFile | null;
   chatTemplate: WireFile | null;
 }

@@ -20,8 +20,12 @@ export interface WasmEngineHandle {
 export interface WasmModelLoader {
   push(chunk: Uint8Array): void;
   readonly received: number;
+  /**
+   * Builds the engine once every byte arrived. Without `tokenizerJson` the tokenizer and chat
+   * template come from the GGUF's metadata (a config or template given still wins).
+   */
   finish(
-    tokenizerJson: Uint8Array,
+    tokenizerJson: Uint8Array | null | undefined,
     tokenizerConfig: Uint8Array | null | undefined,
     chatTemplate: string | null | undefined,
     contextLength: number,
@@ -33,8 +37,12 @@ export interface WasmModelLoader {
 export interface WasmGpuModelLoader {
   push(chunk: Uint8Array): void;
   readonly received: number;
+  /**
+   * Builds the engine once every byte arrived. Without `tokenizerJson` the tokenizer and chat
+   * template come from the GGUF's metadata (a config or template given still wins).
+   */
   finish(
-    tokenizerJson: Uint8Array,
+    tokenizerJson: Uint8Array | null | undefined,
     tokenizerConfig: Uint8Array | null | undefined,
     chatTemplate: string | null | undefined,
     contextLength: number,

@@ -179,8 +179,11 @@ async function load(request: LoadRequest): Promise<void> {
   };
   const open = (file: WireFile) => openModelFile(file, deps, options);
   const { model } = request;
-  // The small files first: a wrong tokenizer URL fails before a long download.
-  const tokenizer = await readAll("tokenizer", model.tokenizer, await open(model.tokenizer), request.id);
+  // The small files first: a wrong tokenizer URL fails before a long download. Without a
+  // tokenizer.json the engine builds the tokenizer from the GGUF's metadata.
+  const tokenizer = model.tokenizer
+    ? await readAll("tokenizer", model.tokenizer, await open(model.tokenizer), request.id)
+    : null;
   const config = model.tokenizerConfig
     ? await readAll("tokenizerConfig", model.tokenizerConfig, await open(model.tokenizerConfig), request.id)
     : null;
@@ -308,6 +311,7 @@ function modelInfo(json: string): ModelInfo {
     eosToken: (i.eos_token as string | null) ?? null,
     eosTokenIds: i.eos_token_ids as number[],
     hasChatTemplate: i.has_chat_template as boolean,
+    tokenizerFromGguf: i.tokenizer_from_gguf === true,
     cachedTokens: 0,
   };
 }

@@ -28,10 +28,10 @@ describe("catalog", () => {
       expect(m.gguf.url).toMatch(/^https:\/\/huggingface\.co\/[^/]+\/[^/]+-GGUF\/resolve\/main\/[^/]+q4_0\.gguf$/i);
       // Tokenizer files come from the original (non-GGUF) repository.
       for (const f of [m.tokenizer, m.tokenizerConfig]) {
-        expect(f.url).toMatch(/^https:\/\/huggingface\.co\/(HuggingFaceTB|Qwen)\/[^/]+-Instruct\/resolve\/main\/tokenizer/);
+        expect(f?.url).toMatch(/^https:\/\/huggingface\.co\/(HuggingFaceTB|Qwen)\/[^/]+-Instruct\/resolve\/main\/tokenizer/);
       }
-      expect(m.tokenizer.url.endsWith("/tokenizer.json")).toBe(true);
-      expect(m.tokenizerConfig.url.endsWith("/tokenizer_config.json")).toBe(true);
+      expect(m.tokenizer?.url.endsWith("/tokenizer.json")).toBe(true);
+      expect(m.tokenizerConfig?.url.endsWith("/tokenizer_config.json")).toBe(true);
     }
   });
 
@@ -53,9 +53,20 @@ describe("catalog", () => {
     const remote = findModel("qwen2.5-0.5b-instruct-q4_0")!;
     expect(catalogFiles(remote, "http://127.0.0.1/models/").map((f) => f.file.url)).toEqual([
       remote.gguf.url,
-      remote.tokenizer.url,
-      remote.tokenizerConfig.url,
+      remote.tokenizer?.url,
+      remote.tokenizerConfig?.url,
     ]);
+  });
+
+  it("lists only the files an entry has: a GGUF alone, or with some tokenizer files", () => {
+    const model = findModel("smollm2-135m-instruct-q4_0")!;
+    const base = "http://127.0.0.1/models/";
+    const alone = { ...model, tokenizer: null, tokenizerConfig: null, chatTemplate: null };
+    expect(catalogFiles(alone, base)).toEqual([
+      { role: "gguf", file: { ...model.gguf, url: `${base}smollm2-135m-instruct-q4_0.gguf` } },
+    ]);
+    const templateOnly = { ...alone, chatTemplate: model.chatTemplate };
+    expect(catalogFiles(templateOnly, base).map((f) => f.role)).toEqual(["gguf", "chatTemplate"]);
   });
 
   it("pins the exact size and sha256 of every local test file", async (context) => {

@@ -17,6 +17,7 @@ const info: ModelInfo = {
   eosToken: "<|im_end|>",
   eosTokenIds: [2],
   hasChatTemplate: true,
+  tokenizerFromGguf: false,
   cachedTokens: 0,
 };
 

@@ -1,5 +1,6 @@
 //! WebAssembly bindings of lean: a [`WasmEngine`] built from a GGUF (streamed into wasm memory
-//! chunk by chunk through a [`ModelLoader`]) and the tokenizer files.
+//! chunk by chunk through a [`ModelLoader`]) and its tokenizer: the tokenizer files when given,
+//! else the GGUF's own metadata (`tokenizer.ggml.*`, `tokenizer.chat_template`).
 //!
 //! Two backends: the CPU ([`ModelLoader`]: simd128 kernels, on rayon's Web Worker pool in the
 //! `threads` build) and the GPU through WebGPU ([`GpuModelLoader`]: lean-gpu's kernels on wgpu).
@@ -141,7 +142,7 @@ impl ModelLoader {
     /// Consumes the loader (its JS object is no longer usable), also when it fails.
     pub fn finish(
         self,
-        tokenizer_json: &[u8],
+        tokenizer_json: Option<Vec<u8>>,
         tokenizer_config: Option<Vec<u8>>,
         chat_template: Option<String>,
         context_length: u32,
@@ -228,17 +229,34 @@ impl GpuModelLoader {
     /// resolves to a WasmEngine on the GPU. Consumes the loader, also when it fails.
     pub async fn finish(
         self,
-        tokenizer_json: Vec<u8>,
+        tokenizer_json: Option<Vec<u8>>,
         tokenizer_config: Option<Vec<u8>>,
         chat_template: Option<String>,
         context_length: u32,
     ) -> Result<WasmEngine, JsError> {
-        let tokenizer = tokenizer(&tokenizer_json, tokenizer_config, chat_template)?;
+        // Tokenizer files are checked before the model is built (a wrong file fails fast); the
+        // GGUF's own tokenizer needs the model's header, which only the finished stream holds.
+        let files = match &tokenizer_json {
+            Some(json) => Some(tokenizer_from_files(
+                json,
+                tokenizer_config.as_deref(),
+                chat_template.as_deref(),
+            )?),
+            None => None,
+        };
         let (model, session) = self
             .stream
             .into_session(self.kernels, context_length as usize)
             .await
             .map_err(gpu_error)?;
+        let tokenizer = match files {
+            Some(tokenizer) => tokenizer,
+            None => tokenizer_from_gguf(
+                &model.gguf,
+                tokenizer_config.as_deref(),
+                chat_template.as_deref(),
+            )?,
+        };
         let ctx = session.context_length();
         let engine = Engine::with_backend(model, tokenizer, ctx, move |_, _| {
             Ok(Box::new(session) as Box<dyn Session>)
@@ -248,31 +266,45 @@ impl GpuModelLoader {
     }
 }
 
-/// Parses the model and the tokenizer, checks that they belong together, and caps the context.
+/// Parses the model and the tokenizer (from its files, else from the GGUF's metadata), checks
+/// that they belong together, and caps the context.
 fn load(
     gguf: Vec<u8>,
-    tokenizer_json: &[u8],
+    tokenizer_json: Option<Vec<u8>>,
     tokenizer_config: Option<Vec<u8>>,
     chat_template: Option<String>,
     context_length: u32,
 ) -> Result<(Model, Tokenizer, usize), JsError> {
     let model = Model::load(ModelBytes::Owned(gguf)).map_err(js_error)?;
-    let tokenizer = tokenizer(tokenizer_json, tokenizer_config, chat_template)?;
+    let (config, template) = (tokenizer_config.as_deref(), chat_template.as_deref());
+    let tokenizer = match &tokenizer_json {
+        Some(json) => tokenizer_from_files(json, config, template)?,
+        None => tokenizer_from_gguf(&model.gguf, config, template)?,
+    };
     let ctx = Engine::capped_context(&model, context_length as usize).map_err(js_error)?;
     Ok((model, tokenizer, ctx))
 }
 
-fn tokenizer(
+/// tokenizer.json, with tokenizer_config.json and a chat template when given.
+fn tokenizer_from_files(
     tokenizer_json: &[u8],
-    tokenizer_config: Option<Vec<u8>>,
-    chat_template: Option<String>,
+    tokenizer_config: Option<&[u8]>,
+    chat_template: Option<&str>,
 ) -> Result<Tokenizer, JsError> {
-    Tokenizer::from_bytes(
-        tokenizer_json,
-        tokenizer_config.as_deref(),
-        chat_template.as_deref(),
-    )
-    .map_err(|e| js_error(LeanError::Tokenizer(e)))
+    Tokenizer::from_bytes(tokenizer_json, tokenizer_config, chat_template)
+        .map_err(|e| js_error(LeanError::Tokenizer(e)))
+}
+
+/// The tokenizer (and chat template) the GGUF's own metadata describes, for a model given
+/// without a tokenizer.json; a tokenizer_config.json or chat template given explicitly wins.
+fn tokenizer_from_gguf(
+    gguf: &lean::gguf::Gguf,
+    tokenizer_config: Option<&[u8]>,
+    chat_template: Option<&str>,
+) -> Result<Tokenizer, JsError> {
+    // The error names the missing or bad key, and says to give a tokenizer.json.
+    Tokenizer::from_gguf(gguf, tokenizer_config, chat_template)
+        .map_err(|e| js_error(LeanError::Tokenizer(e)))
 }
 
 /// `{"messages": [{"role", "content"}, ...]}`, `{"raw": "text"}` or `{"ids": [1, 2, 3]}`.
@@ -409,6 +441,8 @@ struct InfoJson {
     eos_token: Option<String>,
     eos_token_ids: Vec<u32>,
     has_chat_template: bool,
+    /// The tokenizer (and chat template) came from the GGUF's metadata: no tokenizer.json given.
+    tokenizer_from_gguf: bool,
 }
 
 #[wasm_bindgen]
@@ -438,13 +472,15 @@ impl From<Engine> for WasmEngine {
 #[wasm_bindgen]
 impl WasmEngine {
     /// Loads the model on the CPU (the GGUF bytes are moved into wasm memory once and used in
-    /// place) and checks that the tokenizer belongs to it. `tokenizer_config` is
-    /// tokenizer_config.json, `chat_template` the text of chat_template.jinja (when the config
-    /// has none); `context_length` is capped at the model's.
+    /// place) and checks that the tokenizer belongs to it. `tokenizer_json` is tokenizer.json;
+    /// without it the tokenizer and chat template come from the GGUF's metadata.
+    /// `tokenizer_config` is tokenizer_config.json, `chat_template` the text of
+    /// chat_template.jinja (it wins over the config's and the GGUF's); `context_length` is capped
+    /// at the model's.
     #[wasm_bindgen(constructor)]
     pub fn new(
         gguf: Vec<u8>,
-        tokenizer_json: &[u8],
+        tokenizer_json: Option<Vec<u8>>,
         tokenizer_config: Option<Vec<u8>>,
         chat_template: Option<String>,
         context_length: u32,
@@ -469,7 +505,7 @@ impl WasmEngine {
 
     /// The model and engine as JSON: `{architecture, description, backend, context_length,
     /// train_context_length, vocab_size, file_bytes, kv_cache_bytes, bos_token, eos_token,
-    /// eos_token_ids, has_chat_template}`.
+    /// eos_token_ids, has_chat_template, tokenizer_from_gguf}`.
     pub fn info(&self) -> Result<String, JsError> {
         let state = self.state()?;
         let (model, tokenizer) = (&state.engine.model, &state.engine.tokenizer);
@@ -487,6 +523,7 @@ impl WasmEngine {
             eos_token: tokenizer.eos_token().map(str::to_owned),
             eos_token_ids: tokenizer.eos_token_ids(),
             has_chat_template: tokenizer.has_chat_template(),
+            tokenizer_from_gguf: tokenizer.is_from_gguf(),
         };
         serde_json::to_string(&info).map_err(js_error)
     }
@@ -622,7 +659,10 @@ impl WasmEngine {
         if let Some(prompt_json) = prompt_json {
             let (prompt, _) = request(&mut state.engine, &prompt_json, "{}")?;
             let ids = state.engine.encode(&prompt).map_err(js_error)?;
-            let reusable = state.engine.reusable_tokens(&Prompt::Ids(ids.clone())).map_err(js_error)?;
+            let reusable = state
+                .engine
+                .reusable_tokens(&Prompt::Ids(ids.clone()))
+                .map_err(js_error)?;
             info["prompt_tokens"] = ids.len().into();
             info["reusable_tokens"] = reusable.into();
         }

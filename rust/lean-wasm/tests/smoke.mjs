@@ -49,12 +49,12 @@ function loadInChunks(bytes, chunk) {
 const engine = loadInChunks(ggufBytes, 1_000_003);
 const rawShort = fixture.cases.find((c) => c.name === "raw_short");
 
-/** Runs begin + step until done, collecting the tokens of every step. */
-function stepAll(prompt, options) {
-  const begun = JSON.parse(engine.begin(JSON.stringify(prompt), JSON.stringify(options)));
+/** Runs begin + step until done, collecting the tokens of every step (both return Promises). */
+async function stepAll(prompt, options) {
+  const begun = JSON.parse(await engine.begin(JSON.stringify(prompt), JSON.stringify(options)));
   const tokens = [];
   for (;;) {
-    const step = JSON.parse(engine.step());
+    const step = JSON.parse(await engine.step());
     tokens.push(...step.tokens);
     if (step.done) return { begun, tokens, result: step.done };
   }
@@ -148,6 +148,40 @@ test("the streaming loader refuses wrong sizes with readable errors", () => {
   );
 });
 
+test("a GGUF alone: the tokenizer and chat template come from its metadata, exactly", () => {
+  // No tokenizer.json: ModelLoader.finish and the constructor take it as optional.
+  const loader = new ModelLoader(ggufBytes.length);
+  loader.push(ggufBytes);
+  const lone = loader.finish(undefined, undefined, undefined, 512);
+  try {
+    const info = JSON.parse(lone.info());
+    assert.equal(info.tokenizer_from_gguf, true);
+    assert.equal(info.has_chat_template, true);
+    assert.deepEqual(Array.from(lone.tokenize(chatShort.prompt_text)), chatShort.prompt_ids);
+    const json = lone.generate(JSON.stringify({ messages: chatShort.messages }), '{"max_tokens": 8}', () => true);
+    const result = JSON.parse(json);
+    assert.deepEqual(result.prompt_ids, chatShort.prompt_ids);
+    assert.deepEqual(result.token_ids, chatShort.greedy_ids.slice(0, 8));
+  } finally {
+    lone.free();
+  }
+  // Explicit files still win: this engine was built from tokenizer.json.
+  assert.equal(JSON.parse(engine.info()).tokenizer_from_gguf, false);
+});
+
+test("a GGUF without tokenizer metadata and no tokenizer.json: a readable error", () => {
+  // tokenizer.ggml.model renamed (same length): the file stays valid but has no tokenizer.
+  const key = Buffer.from("tokenizer.ggml.model");
+  const patched = Buffer.from(ggufBytes);
+  const at = patched.indexOf(key);
+  assert.ok(at > 0);
+  patched[at + key.length - 1] = "X".charCodeAt(0);
+  assert.throws(
+    () => new WasmEngine(patched, null, null, null, 512),
+    (e) => e instanceof Error && /the file has no tokenizer \(no tokenizer\.ggml\.model\); give a tokenizer\.json/.test(e.message),
+  );
+});
+
 test("info describes the model and the stop ids", () => {
   const info = JSON.parse(engine.info());
   assert.equal(info.architecture, "llama");
@@ -163,8 +197,8 @@ test("info describes the model and the stop ids", () => {
   assert.equal(info.has_chat_template, true);
 });
 
-test("begin + step give the reference tokens one per step, and stop at an eos id", () => {
-  const { begun, tokens, result } = stepAll({ raw: rawShort.prompt }, { max_tokens: 40 });
+test("begin + step give the reference tokens one per step, and stop at an eos id", async () => {
+  const { begun, tokens, result } = await stepAll({ raw: rawShort.prompt }, { max_tokens: 40 });
   assert.deepEqual(begun.prompt_ids, rawShort.prompt_ids);
   const eos = JSON.parse(engine.info()).eos_token_ids;
   const stopAt = rawShort.greedy_ids.findIndex((id) => eos.includes(id));
@@ -175,48 +209,48 @@ test("begin + step give the reference tokens one per step, and stop at an eos id
   assert.deepEqual(tokens.map((t) => t.id), rawShort.greedy_ids.slice(0, stopAt));
   assert.equal(tokens.map((t) => t.text).join(""), result.text);
   assert.ok(rawShort.greedy_text.startsWith(result.text), result.text);
-  assert.throws(() => engine.step(), /no generation in progress: call begin first/);
+  await assert.rejects(engine.step(), /no generation in progress: call begin first/);
 });
 
-test("cancel ends a generation; the next one is exact again", () => {
-  engine.begin(JSON.stringify({ ids: chatShort.prompt_ids }), "{}");
-  const first = JSON.parse(engine.step());
+test("cancel ends a generation; the next one is exact again", async () => {
+  await engine.begin(JSON.stringify({ ids: chatShort.prompt_ids }), "{}");
+  const first = JSON.parse(await engine.step());
   assert.deepEqual(first.tokens.map((t) => t.id), chatShort.greedy_ids.slice(0, 1));
   const cancelled = JSON.parse(engine.cancel());
   assert.equal(cancelled.done.finish_reason, "cancelled");
   assert.deepEqual(cancelled.done.token_ids, chatShort.greedy_ids.slice(0, 1));
   assert.equal(engine.cancel(), undefined);
-  const { result } = stepAll({ messages: chatShort.messages }, { max_tokens: 8 });
+  const { result } = await stepAll({ messages: chatShort.messages }, { max_tokens: 8 });
   assert.deepEqual(result.token_ids, chatShort.greedy_ids.slice(0, 8));
   assert.equal(result.finish_reason, "length");
 });
 
-test("a new begin abandons the generation in progress", () => {
-  engine.begin(JSON.stringify({ raw: "Once upon a time" }), "{}");
-  engine.step();
-  const { result } = stepAll({ ids: chatShort.prompt_ids }, { max_tokens: 5 });
+test("a new begin abandons the generation in progress", async () => {
+  await engine.begin(JSON.stringify({ raw: "Once upon a time" }), "{}");
+  await engine.step();
+  const { result } = await stepAll({ ids: chatShort.prompt_ids }, { max_tokens: 5 });
   assert.deepEqual(result.token_ids, chatShort.greedy_ids.slice(0, 5));
 });
 
-test("sampling: step-wise equals generate, the seed decides", () => {
+test("sampling: step-wise equals generate, the seed decides", async () => {
   const options = { max_tokens: 12, temperature: 0.8, top_k: 40, top_p: 0.9, seed: 7,
     repetition_penalty: 1.1, stop_token_ids: [] };
-  const stepped = stepAll({ messages: chatShort.messages }, options).result;
+  const stepped = (await stepAll({ messages: chatShort.messages }, options)).result;
   const generated = generate({ messages: chatShort.messages }, options).result;
   assert.deepEqual(stepped, generated);
-  const reseeded = stepAll({ messages: chatShort.messages }, { ...options, seed: 8 }).result;
+  const reseeded = (await stepAll({ messages: chatShort.messages }, { ...options, seed: 8 })).result;
   assert.notDeepEqual(reseeded.token_ids, stepped.token_ids);
 });
 
-test("a bad prompt fails in begin and leaves no generation behind", () => {
-  assert.throws(() => engine.begin('{"text": "hi"}', "{}"), /invalid prompt JSON: unknown variant `text`/);
-  assert.throws(() => engine.begin('{"ids": []}', "{}"), /the prompt is empty/);
-  assert.throws(
-    () => engine.begin(JSON.stringify({ ids: new Array(2048).fill(1) }), "{}"),
+test("a bad prompt fails in begin and leaves no generation behind", async () => {
+  await assert.rejects(engine.begin('{"text": "hi"}', "{}"), /invalid prompt JSON: unknown variant `text`/);
+  await assert.rejects(engine.begin('{"ids": []}', "{}"), /the prompt is empty/);
+  await assert.rejects(
+    engine.begin(JSON.stringify({ ids: new Array(2048).fill(1) }), "{}"),
     /the prompt has 2048 tokens, which leaves no room/,
   );
-  assert.throws(() => engine.begin('{"ids": [49152]}', "{}"), /token id 49152 is outside the vocabulary/);
-  assert.throws(() => engine.step(), /no generation in progress/);
+  await assert.rejects(engine.begin('{"ids": [49152]}', "{}"), /token id 49152 is outside the vocabulary/);
+  await assert.rejects(engine.step(), /no generation in progress/);
 });
 
 test("decode speed (single thread, simd128)", () => {
