@@ -96,19 +96,7 @@ pub(super) fn build(vocab: &GgufVocab) -> Result<tokenizers::Tokenizer, Tokenize
         };
         ids.insert(spelled, id as u32);
     }
-    let pairs = merges
-        .iter()
-        .enumerate()
-        .map(|(index, merge)| {
-            let mut parts = merge.split(' ');
-            match (parts.next(), parts.next(), parts.next()) {
-                (Some(left), Some(right), None) => Ok((left.to_string(), right.to_string())),
-                _ => Err(TokenizerError::Gguf(format!(
-                    "tokenizer.ggml.merges[{index}] is {merge:?}, not two tokens separated by one space"
-                ))),
-            }
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let pairs = super::file_merges(merges)?;
     let model = BPE::builder()
         .vocab_and_merges(ids, pairs)
         .build()

@@ -176,6 +176,23 @@ fn per_token<'v>(key: &str, value: &'v Value, count: usize) -> Result<&'v [Value
     Ok(items)
 }
 
+/// `tokenizer.ggml.merges` as pairs: each entry is two tokens separated by one space.
+pub(crate) fn file_merges(merges: &[&str]) -> Result<Vec<(String, String)>, TokenizerError> {
+    merges
+        .iter()
+        .enumerate()
+        .map(|(index, merge)| {
+            let mut parts = merge.split(' ');
+            match (parts.next(), parts.next(), parts.next()) {
+                (Some(left), Some(right), None) => Ok((left.to_string(), right.to_string())),
+                _ => Err(TokenizerError::Gguf(format!(
+                    "{MERGES}[{index}] is {merge:?}, not two tokens separated by one space"
+                ))),
+            }
+        })
+        .collect()
+}
+
 fn gguf_error(e: lean_gguf::GgufError) -> TokenizerError {
     TokenizerError::Gguf(e.to_string())
 }

@@ -209,7 +209,7 @@ fn bpe(
     });
 
     let merges = match &vocab.merges {
-        Some(merges) => file_merges(merges)?,
+        Some(merges) => super::file_merges(merges)?,
         None => {
             if matches!(ranking, Ranking::Scores) && vocab.scores.is_none() {
                 return Err(TokenizerError::Gguf(format!(
@@ -238,22 +238,6 @@ fn bpe(
         .map_err(|e| TokenizerError::Gguf(format!("{MERGES}: {e}")))
 }
 
-/// `tokenizer.ggml.merges` as pairs: each entry is two tokens separated by one space.
-fn file_merges(merges: &[&str]) -> Result<Vec<(String, String)>, TokenizerError> {
-    merges
-        .iter()
-        .enumerate()
-        .map(|(index, merge)| {
-            let mut parts = merge.split(' ');
-            match (parts.next(), parts.next(), parts.next()) {
-                (Some(left), Some(right), None) => Ok((left.to_string(), right.to_string())),
-                _ => Err(TokenizerError::Gguf(format!(
-                    "{MERGES}[{index}] is {merge:?}, not two tokens separated by one space"
-                ))),
-            }
-        })
-        .collect()
-}
 
 /// transformers' `generate_merges(vocab, vocab_scores)`: every split of every token into two
 /// tokens of the vocabulary is a merge; a token's own splits in the order of (left id, right id),
