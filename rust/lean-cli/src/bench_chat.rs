@@ -96,7 +96,11 @@ pub fn run(args: BenchChatArgs) -> CliResult {
         "{} · {} threads · KV cache {}",
         engine.backend(),
         threads,
-        if args.no_reuse { "dropped each turn" } else { "carried across turns" }
+        if args.no_reuse {
+            "dropped each turn"
+        } else {
+            "carried across turns"
+        }
     );
     println!("turn  prompt  cached  ttft ms  decode tok/s");
     for (i, row) in rows.iter().enumerate() {

@@ -33,7 +33,11 @@ pub fn run(args: TokenizeArgs) -> CliResult {
     let tokenizer = source.load(&gguf)?;
     let mut out = std::io::stdout().lock();
     if let Some(text) = &args.text {
-        writeln!(out, "{}", serde_json::to_string(&tokenizer.encode(text, true)?)?)?;
+        writeln!(
+            out,
+            "{}",
+            serde_json::to_string(&tokenizer.encode(text, true)?)?
+        )?;
         return Ok(());
     }
     for (index, line) in std::io::stdin().lock().lines().enumerate() {
@@ -43,7 +47,11 @@ pub fn run(args: TokenizeArgs) -> CliResult {
         }
         let text: String = serde_json::from_str(&line)
             .map_err(|e| format!("stdin line {}: not a JSON string: {e}", index + 1))?;
-        writeln!(out, "{}", serde_json::to_string(&tokenizer.encode(&text, true)?)?)?;
+        writeln!(
+            out,
+            "{}",
+            serde_json::to_string(&tokenizer.encode(&text, true)?)?
+        )?;
     }
     Ok(())
 }
@@ -54,7 +62,9 @@ fn read_header(path: &Path) -> CliResult<Gguf> {
     let mut want: u64 = 4 << 20;
     loop {
         let mut prefix = Vec::new();
-        std::fs::File::open(path)?.take(want).read_to_end(&mut prefix)?;
+        std::fs::File::open(path)?
+            .take(want)
+            .read_to_end(&mut prefix)?;
         match Gguf::parse_header(&prefix, file_len) {
             Ok(gguf) => return Ok(gguf),
             Err(GgufError::NeedMoreBytes { .. }) if want < file_len => want *= 4,

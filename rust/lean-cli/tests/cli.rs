@@ -252,19 +252,44 @@ fn a_lone_gguf_chats_with_its_own_tokenizer_and_template() {
     let Some(m) = models() else { return };
     let lone = lone_copy(&m, "smollm2-135m-instruct-q4_0.gguf");
     for (args, case) in [
-        (vec!["--prompt", "What is the capital of France?"], "chat_short"),
-        (vec!["--raw", "--prompt", "The quick brown fox"], "raw_short"),
+        (
+            vec!["--prompt", "What is the capital of France?"],
+            "chat_short",
+        ),
+        (
+            vec!["--raw", "--prompt", "The quick brown fox"],
+            "raw_short",
+        ),
     ] {
-        let mut all = vec!["--model", lone.to_str().unwrap(), "--json", "--tokens", "16", "--threads", "2"];
+        let mut all = vec![
+            "--model",
+            lone.to_str().unwrap(),
+            "--json",
+            "--tokens",
+            "16",
+            "--threads",
+            "2",
+        ];
         all.extend(args);
         let (ok, stdout, stderr) = lean(&all);
         assert!(ok, "{stderr}");
-        assert!(stderr.contains("tokenizer from the GGUF's metadata"), "{stderr}");
+        assert!(
+            stderr.contains("tokenizer from the GGUF's metadata"),
+            "{stderr}"
+        );
         let out: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
         let reference = fixture_case(case);
-        assert_eq!(ids(&out["prompt_ids"]), ids(&reference["prompt_ids"]), "{case}");
+        assert_eq!(
+            ids(&out["prompt_ids"]),
+            ids(&reference["prompt_ids"]),
+            "{case}"
+        );
         let ours = ids(&out["token_ids"]);
-        assert_eq!(ours[..], ids(&reference["greedy_ids"])[..ours.len()], "{case}");
+        assert_eq!(
+            ours[..],
+            ids(&reference["greedy_ids"])[..ours.len()],
+            "{case}"
+        );
     }
     let _ = std::fs::remove_dir_all(lone.parent().unwrap());
 }
@@ -273,8 +298,13 @@ fn a_lone_gguf_chats_with_its_own_tokenizer_and_template() {
 fn tokenize_prints_ids_for_a_text_and_for_json_lines() {
     let Some(m) = models() else { return };
     let reference = fixture_case("raw_short");
-    let text = reference["prompt"].as_str().unwrap_or("The quick brown fox");
-    for file in ["smollm2-135m-instruct-q4_0.gguf", "qwen2.5-coder-0.5b-instruct-q4_0.gguf"] {
+    let text = reference["prompt"]
+        .as_str()
+        .unwrap_or("The quick brown fox");
+    for file in [
+        "smollm2-135m-instruct-q4_0.gguf",
+        "qwen2.5-coder-0.5b-instruct-q4_0.gguf",
+    ] {
         let model = m.join(file);
         let model = model.to_str().unwrap();
         // The GGUF's tokenizer and the tokenizer.json next to it give the same ids.
@@ -291,7 +321,13 @@ fn tokenize_prints_ids_for_a_text_and_for_json_lines() {
     // JSON Lines in, one array a line out; special-token text stays one id.
     let model = m.join("smollm2-135m-instruct-q4_0.gguf");
     let mut child = Command::new(env!("CARGO_BIN_EXE_lean-cli"))
-        .args(["tokenize", "-m", model.to_str().unwrap(), "--tokenizer", "gguf"])
+        .args([
+            "tokenize",
+            "-m",
+            model.to_str().unwrap(),
+            "--tokenizer",
+            "gguf",
+        ])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -322,7 +358,12 @@ fn tokenize_prints_ids_for_a_text_and_for_json_lines() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(b"\"ok\"\n{\"text\": 1}\n").unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"\"ok\"\n{\"text\": 1}\n")
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("line 2"), "{err}");
@@ -341,6 +382,9 @@ fn a_gguf_without_tokenizer_metadata_asks_for_a_tokenizer() {
         .unwrap();
     std::fs::write(&file, bytes).unwrap();
     let (ok, _, err) = lean(&["tokenize", "-m", file.to_str().unwrap(), "hi"]);
-    assert!(!ok && err.contains("tokenizer.ggml.model") && err.contains("--tokenizer"), "{err}");
+    assert!(
+        !ok && err.contains("tokenizer.ggml.model") && err.contains("--tokenizer"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -472,19 +472,22 @@ fn main() {
 fn attention_bench(ctx: &GpuContext, timer: &Timer, kernels: &Kernels, small: bool) {
     const LAYERS: usize = 36;
     let calls = if small { LAYERS } else { 10 * LAYERS };
-    println!("| heads / kv heads x head_dim | rope | context (capacity) | time/call |\n|---|---|---|---|");
-    // (model, heads, kv heads, head_dim, pairing)
+    println!("| heads / kv heads x head_dim | rope | window | context (capacity) | time/call |\n|---|---|---|---|---|");
+    // (model, heads, kv heads, head_dim, pairing, sliding window)
     let models = [
-        ("qwen2.5-3b", 16, 2, 128, RopePairing::Neox),
-        ("qwen2.5-0.5b", 14, 2, 64, RopePairing::Neox),
-        ("smollm2-1.7b", 32, 32, 64, RopePairing::Interleaved),
+        ("qwen2.5-3b", 16, 2, 128, RopePairing::Neox, None),
+        ("qwen2.5-0.5b", 14, 2, 64, RopePairing::Neox, None),
+        ("smollm2-1.7b", 32, 32, 64, RopePairing::Interleaved, None),
+        // Gemma 3 270M's global and sliding (512) layers
+        ("gemma-3-270m", 4, 1, 256, RopePairing::Neox, None),
+        ("gemma-3-270m", 4, 1, 256, RopePairing::Neox, Some(512)),
     ];
     let contexts: &[(usize, usize)] = if small {
         &[(64, 80), (576, 640)]
     } else {
         &[(64, 640), (576, 640), (2000, 4096), (4000, 4096)]
     };
-    for (model, n_heads, n_kv_heads, head_dim, pairing) in models {
+    for (model, n_heads, n_kv_heads, head_dim, pairing, window) in models {
         for &(len, capacity) in contexts {
             let kv_dim = n_kv_heads * head_dim;
             let width = n_heads * head_dim + 2 * kv_dim;
@@ -495,6 +498,8 @@ fn attention_bench(ctx: &GpuContext, timer: &Timer, kernels: &Kernels, small: bo
                 n_tokens: 1,
                 capacity,
                 cache_offset: 0,
+                scale: AttentionShape::default_scale(head_dim),
+                window,
             };
             let rope = Rope {
                 rope_dim: head_dim,
@@ -549,7 +554,7 @@ fn attention_bench(ctx: &GpuContext, timer: &Timer, kernels: &Kernels, small: bo
             }
             let seconds = timer.best(ctx, |encoder| plan.encode(encoder));
             println!(
-                "| {model}: {n_heads} / {n_kv_heads} x {head_dim} | {pairing:?} | {len} ({capacity}) | {:.2} µs |",
+                "| {model}: {n_heads} / {n_kv_heads} x {head_dim} | {pairing:?} | {window:?} | {len} ({capacity}) | {:.2} µs |",
                 seconds / calls as f64 * 1e6
             );
         }

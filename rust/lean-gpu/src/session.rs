@@ -292,6 +292,29 @@ impl GpuSession {
         if context_length == 0 {
             return Err(GpuError::Shape("a context of no positions".into()));
         }
+        // The GPU plan does not record these parts of a block description yet (its kernels
+        // exist: head_rms_norm, rms_norm_add, GELU gating, windowed attention, embed_scaled).
+        let b = &c.block;
+        let unsupported = [
+            (b.qk_norm, "q/k norms"),
+            (b.post_norms, "post-norms"),
+            (
+                b.activation != lean::config::Activation::Silu,
+                "a GELU gate",
+            ),
+            (b.embedding_scale.is_some(), "a scaled embedding"),
+            (c.ropes.len() != 1, "several rotary tables"),
+            (
+                c.layers.iter().any(|l| l.window.is_some()),
+                "sliding-window layers",
+            ),
+        ];
+        if let Some((_, what)) = unsupported.iter().find(|(has, _)| *has) {
+            return Err(GpuError::Shape(format!(
+                "the GPU backend does not run {} models yet ({what}): use the CPU backend",
+                c.arch.name()
+            )));
+        }
         let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let w = &model.weights;
         for m in std::iter::once(&w.token_embd)
@@ -345,7 +368,7 @@ impl GpuSession {
             },
             config: c.clone(),
         };
-        let table = lean::cpu::ops::RopeTable::new(&c, context_length);
+        let table = lean::cpu::ops::RopeTable::new(&c.ropes[0], context_length);
         let rope_table = ctx.upload_f32("rope cos/sin", table.cos_sin_pairs().as_flattened());
         let n = PREFILL_CHUNK.min(context_length);
         // Steps of fewer tokens split each head more: the scratch fits the largest.
@@ -358,6 +381,8 @@ impl GpuSession {
                     n_tokens,
                     capacity: context_length,
                     cache_offset: 0,
+                    scale: c.block.attention_scale,
+                    window: None,
                 }
                 .partials_len()
             })
@@ -513,12 +538,12 @@ impl GpuSession {
             width: 2 * ff,
             offset,
         };
-        let pairing = match c.rope_style {
+        let pairing = match c.ropes[0].style {
             RopeStyle::Interleaved => RopePairing::Interleaved,
             RopeStyle::Neox => RopePairing::Neox,
         };
         let rope = Rope {
-            rope_dim: c.rope_dim,
+            rope_dim: c.ropes[0].dim,
             positions: self.capacity,
             pairing,
         };
@@ -529,6 +554,8 @@ impl GpuSession {
             n_tokens: n,
             capacity: self.capacity,
             cache_offset: 0,
+            scale: c.block.attention_scale,
+            window: None,
         };
         let mut p = Plan::new();
         k.embed(ctx, &mut p, &self.model.token_embd, &a.ids, &a.x, n)?;

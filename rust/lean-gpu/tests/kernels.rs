@@ -9,9 +9,9 @@
 use half::f16;
 use lean_gpu::wgpu;
 use lean_gpu::{
-    argmax_len, fresh_rope_supported, rope_cos_sin, AttentionShape, FreshTokens, GpuContext,
-    GpuError, GpuMatrix, Kernels, MatmulExtras, MatvecExtras, Plan, Rope, RopePairing, RowField,
-    StepBuffer,
+    argmax_len, fresh_rope_supported, rope_cos_sin, Activation, AttentionShape, FreshTokens,
+    GpuContext, GpuError, GpuMatrix, Kernels, MatmulExtras, MatvecExtras, Plan, Rope, RopePairing,
+    RowField, StepBuffer,
 };
 use lean_quant::{scalar, TensorType};
 use std::sync::OnceLock;
@@ -327,7 +327,7 @@ fn matvec_split_across_bindings() {
     }
 }
 
-/// The matmul's tile is 128 rows × 64 tokens with K in steps of 16 (kernels.rs: MATMUL_TILE):
+/// The matmul's tile is 128 rows × 64 tokens with K in steps of 16 (kernels/matmul.rs: MATMUL_TILE):
 /// shapes on both sides of each edge, and the fewest tokens the session sends it.
 #[test]
 fn matmul_tiles_with_ragged_edges() {
@@ -349,7 +349,7 @@ fn matmul_tiles_with_ragged_edges() {
     check_linear(TensorType::F32, 131, 19, Some(70), None, 201);
 }
 
-/// Few tiles over a long K: K is split into ranges (kernels.rs: matmul_split) whose partial
+/// Few tiles over a long K: K is split into ranges (kernels/matmul.rs: matmul_split) whose partial
 /// sums a second pass adds up; 800 = 25 units makes ranges of 288, 288 and 224 elements, F32's
 /// 777 a last range ending inside a slice.
 #[test]
@@ -1020,6 +1020,8 @@ fn rope_kv_store_matches_cpu_for_both_pairings() {
                 n_tokens,
                 capacity,
                 cache_offset: kv_dim * capacity,
+                scale: AttentionShape::default_scale(head_dim),
+                window: None,
             };
             let table = rope_cos_sin(rope_dim, 10000.0, 1.0, capacity);
             let step = StepBuffer::new(ctx);
@@ -1123,6 +1125,8 @@ fn attention_rotates_and_caches_fresh_tokens() {
                 n_tokens,
                 capacity,
                 cache_offset: kv_dim * capacity,
+                scale: AttentionShape::default_scale(head_dim),
+                window: None,
             };
             let q = rng.floats(n_tokens * n_heads * head_dim, 1.0);
             let k_new = rng.floats(n_tokens * kv_dim, 1.0);
@@ -1220,6 +1224,8 @@ fn attention_matches_causal_softmax_reference() {
             n_tokens,
             capacity,
             cache_offset: kv_dim * capacity,
+            scale: AttentionShape::default_scale(head_dim),
+            window: None,
         };
         let q = rng.floats(n_tokens * n_heads * head_dim, 1.0);
         // two layers of cache with random history; the new tokens' k/v go through kv_store
@@ -1425,6 +1431,8 @@ fn shape_errors_are_typed() {
         n_tokens: 1,
         capacity: 1,
         cache_offset: 0,
+        scale: 0.125,
+        window: None,
     };
     let whole = RowField::whole(64);
     assert!(matches!(
@@ -1485,6 +1493,8 @@ fn shape_errors_are_typed() {
         n_tokens: 9,
         capacity: 8,
         cache_offset: 0,
+        scale: 0.125,
+        window: None,
     };
     assert!(matches!(
         kernels.attention(
@@ -1508,6 +1518,8 @@ fn shape_errors_are_typed() {
         n_tokens: 1,
         capacity: 8,
         cache_offset: 0,
+        scale: 0.125,
+        window: None,
     };
     assert!(matches!(
         kernels.attention(
@@ -1531,6 +1543,8 @@ fn shape_errors_are_typed() {
         n_tokens: 1,
         capacity: 2,
         cache_offset: 0,
+        scale: 0.125,
+        window: None,
     };
     assert!(matches!(
         kernels.attention(
@@ -1591,4 +1605,539 @@ fn missing_features_are_an_error() {
         Err(e) => panic!("expected MissingFeatures, got {e}"),
         Ok(_) => panic!("an adapter claims every feature"),
     }
+}
+
+/// Per-head RMS norm in place against lean's CPU rms_norm on each head (f32, the same
+/// expression; only the order of the sum of squares differs): q heads and k heads as fields of
+/// [q | k | v] rows, head_dims that are not multiples of the workgroup (5, 80), 128, 256 and
+/// past what a thread holds in registers (300), one and several tokens; every element outside
+/// the heads stays as it was.
+#[test]
+fn head_rms_norm_matches_cpu_reference() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut rng = Rng(301);
+    for (heads, kv_heads, head_dim, n_tokens) in [
+        (16, 8, 128, 1),
+        (16, 8, 128, 3),
+        (4, 1, 256, 5),
+        (3, 1, 80, 2),
+        (7, 2, 5, 4),
+        (2, 1, 300, 3),
+    ] {
+        let (q_dim, kv_dim) = (heads * head_dim, kv_heads * head_dim);
+        let width = q_dim + 2 * kv_dim + 3;
+        let rows = rng.floats(n_tokens * width, 3.0);
+        let q_norm = rng.floats(head_dim, 2.0);
+        let k_norm = rng.floats(head_dim, 2.0);
+        let eps = 1e-6;
+        let (rb, qw, kw) = (
+            ctx.upload_f32("rows", &rows),
+            ctx.upload_f32("q_norm", &q_norm),
+            ctx.upload_f32("k_norm", &k_norm),
+        );
+        let q_at = RowField { width, offset: 0 };
+        let k_at = RowField {
+            width,
+            offset: q_dim,
+        };
+        submit(ctx, |p| {
+            kernels.head_rms_norm(ctx, p, &rb, q_at, heads, head_dim, &qw, eps, n_tokens)?;
+            kernels.head_rms_norm(ctx, p, &rb, k_at, kv_heads, head_dim, &kw, eps, n_tokens)
+        });
+        let got = read_f32(ctx, &rb, rows.len());
+        let mut want = rows.clone();
+        for t in 0..n_tokens {
+            for (at, n, w) in [(0, heads, &q_norm), (q_dim, kv_heads, &k_norm)] {
+                let field = &mut want[t * width + at..][..n * head_dim];
+                let input = field.to_vec();
+                lean::cpu::ops::rms_norm(&input, w, eps, field);
+            }
+        }
+        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            let (t, e) = (i / width, i % width);
+            if e >= q_dim + kv_dim {
+                assert_eq!(
+                    g, w,
+                    "{heads}x{head_dim}: v and padding untouched at {t}/{e}"
+                );
+            }
+            assert!(
+                (g - w).abs() <= 2e-6 * w.abs().max(1e-3),
+                "{heads}/{kv_heads} heads of {head_dim}, token {t} [{e}]: {g} vs {w}"
+            );
+        }
+    }
+    // a field past its row, a weight too short
+    let b = ctx.storage_f32("b", 256);
+    let mut plan = Plan::new();
+    let at = RowField {
+        width: 64,
+        offset: 8,
+    };
+    assert!(matches!(
+        kernels.head_rms_norm(ctx, &mut plan, &b, at, 2, 32, &b, 1e-6, 1),
+        Err(GpuError::Shape(_))
+    ));
+    let short = ctx.storage_f32("short", 16);
+    assert!(matches!(
+        kernels.head_rms_norm(
+            ctx,
+            &mut plan,
+            &b,
+            RowField::whole(64),
+            2,
+            32,
+            &short,
+            1e-6,
+            1
+        ),
+        Err(GpuError::Shape(_))
+    ));
+}
+
+/// rms_norm_add: residual + rms_norm(input) · w equals the residual plus rms_norm's output
+/// (bit for bit: the same shader arithmetic, then one f32 add), and lean's CPU rms_norm to the
+/// sum's rounding; rows shorter and longer than what the threads hold.
+#[test]
+fn rms_norm_add_adds_the_norm_into_the_residual() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut rng = Rng(302);
+    for (width, n_tokens) in [(640, 1), (640, 7), (1000, 3), (5000, 2), (3, 2)] {
+        let input = rng.floats(width * n_tokens, 3.0);
+        let w = rng.floats(width, 2.0);
+        let residual = rng.floats(width * n_tokens, 5.0);
+        let eps = 1e-6;
+        let (ib, wb, rb, nb) = (
+            ctx.upload_f32("input", &input),
+            ctx.upload_f32("w", &w),
+            ctx.upload_f32("residual", &residual),
+            ctx.storage_f32("norm", width * n_tokens),
+        );
+        submit(ctx, |p| {
+            kernels.rms_norm(ctx, p, &ib, &wb, &nb, width, n_tokens, eps)?;
+            kernels.rms_norm_add(ctx, p, &ib, &wb, &rb, width, n_tokens, eps)
+        });
+        let norm = read_f32(ctx, &nb, width * n_tokens);
+        let got = read_f32(ctx, &rb, width * n_tokens);
+        let added: Vec<f32> = residual.iter().zip(&norm).map(|(r, n)| r + n).collect();
+        assert_eq!(got, added, "{width} x {n_tokens}");
+        let mut cpu = vec![0f32; width * n_tokens];
+        lean::cpu::ops::rms_norm(&input, &w, eps, &mut cpu);
+        for (i, ((&g, &c), &r)) in got.iter().zip(&cpu).zip(&residual).enumerate() {
+            let want = r + c;
+            assert!(
+                (g - want).abs() <= 2e-6 * (c.abs() + r.abs()).max(1e-3),
+                "{width} x {n_tokens} [{i}]: {g} vs {want}"
+            );
+        }
+    }
+}
+
+/// gelu_pytorch_tanh in f64, as written (0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x³)))).
+fn gelu_tanh_f64(x: f64) -> f64 {
+    let inner = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+    0.5 * x * (1.0 + inner.tanh())
+}
+
+/// GELU-tanh gating (gated_mul, gated_mul_pairs) against an f64 evaluation of the formula, on
+/// values across the whole range: tiny, around the tanh's switch from its polynomial
+/// (|inner| = 0.625), large of both signs (tanh saturating), within 1e-6 of 0.5 |x · up| (f32's
+/// own rounding of x³ and the tanh, not a driver's tanh or exp); SiLU through gated_mul is
+/// silu_mul bit for bit.
+#[test]
+fn gated_mul_gelu_tanh_matches_f64_formula() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut rng = Rng(303);
+    let mut gate: Vec<f32> = vec![
+        0.0, 1e-30, -1e-30, 1e-7, -1e-7, 1e-3, -1e-3, 0.75, 0.76, 0.77, -0.76, 1.0, -1.0, 3.0,
+        -3.0, 5.5, -5.5, 9.0, -9.0, 20.0, -20.0, 100.0, -100.0, 1e10, -1e10,
+    ];
+    // a dense sweep of [-12, 12), then random values of every magnitude
+    gate.extend((0..24_000).map(|i| -12.0 + i as f32 * 0.001));
+    gate.extend((0..4000).map(|_| rng.unit() * 10f32.powf(rng.unit() * 4.0)));
+    let n = gate.len();
+    let up: Vec<f32> = (0..n)
+        .map(|i| if i % 2 == 0 { 1.0 } else { rng.unit() * 4.0 })
+        .collect();
+    // [gate | up] rows of one token, and the same as [g0, u0, g1, u1, ...] pairs
+    let rows: Vec<f32> = gate.iter().chain(&up).copied().collect();
+    let pairs: Vec<f32> = gate.iter().zip(&up).flat_map(|(&g, &u)| [g, u]).collect();
+    let (rb, pb) = (
+        ctx.upload_f32("rows", &rows),
+        ctx.upload_f32("pairs", &pairs),
+    );
+    let (out, out_pairs, silu, silu_ref) = (
+        ctx.storage_f32("out", n),
+        ctx.storage_f32("out pairs", n),
+        ctx.storage_f32("silu", n),
+        ctx.storage_f32("silu ref", n),
+    );
+    let fields = (
+        RowField::whole(2 * n),
+        RowField {
+            width: 2 * n,
+            offset: n,
+        },
+    );
+    submit(ctx, |p| {
+        kernels.gated_mul(ctx, p, &rb, fields, &out, n, 1, Activation::GeluTanh)?;
+        kernels.gated_mul_pairs(ctx, p, &pb, &out_pairs, n, 1, Activation::GeluTanh)?;
+        kernels.gated_mul(ctx, p, &rb, fields, &silu, n, 1, Activation::Silu)?;
+        kernels.silu_mul(ctx, p, &rb, fields, &silu_ref, n, 1)
+    });
+    let got = read_f32(ctx, &out, n);
+    assert_eq!(got, read_f32(ctx, &out_pairs, n), "pairs");
+    assert_eq!(read_f32(ctx, &silu, n), read_f32(ctx, &silu_ref, n), "silu");
+    let mut worst = 0f64;
+    for i in 0..n {
+        let (x, u) = (gate[i] as f64, up[i] as f64);
+        let want = gelu_tanh_f64(x) * u;
+        let scale = (0.5 * x * u).abs();
+        let err = (got[i] as f64 - want).abs();
+        worst = worst.max(err / scale.max(1e-300));
+        assert!(
+            err <= 1e-6 * scale,
+            "gelu({x}) · {u}: {} vs {want} (error {:.2e} of 0.5 |x · up|)",
+            got[i],
+            err / scale
+        );
+    }
+    eprintln!("gelu_tanh: worst error {worst:.2e} of 0.5 |x · up|");
+}
+
+/// Matvecs and matmuls with the GELU-tanh gating fused in (SWIGLU's pairs, the matvec's
+/// act(x) · up, the matmul's K split with the gating in its second pass) equal the plain
+/// product then gated_mul(_pairs) with GELU-tanh, bit for bit, with both matvec reductions.
+#[test]
+fn linear_fuses_gelu_tanh_gating() {
+    let Some((ctx, default)) = gpu() else { return };
+    let mut rng = Rng(304);
+    let mut variants = vec![default];
+    variants.extend(subgroup_kernels());
+    let gelu = Activation::GeluTanh;
+    for kernels in variants {
+        for (ty, pairs, cols, n, part_rows) in [
+            (TensorType::Q4_0, 23, 96, 1, 9),
+            (TensorType::Q8_0, 40, 64, 1, 80),
+            (TensorType::F32, 5, 70, 1, 3),
+            (TensorType::Q4_0, 75, 96, 65, 1000),
+            (TensorType::Q6_K, 70, 256, 9, 1000),
+            // K split: the second pass gates
+            (TensorType::Q4_0, 23, 800, 3, 18),
+        ] {
+            let rows = 2 * pairs;
+            let w = random_matrix(&mut rng, ty, rows, cols);
+            let part = (ty.row_bytes(cols).unwrap() * part_rows) as u64 + 16;
+            let m = GpuMatrix::upload_split(ctx, ty, rows, cols, &w, part).unwrap();
+            let x = ctx.upload_f32("x", &rng.floats(n * cols, 2.0));
+            let (y, plain, fused) = (
+                ctx.storage_f32("y", n * rows),
+                ctx.storage_f32("plain", n * pairs),
+                ctx.storage_f32("fused", n * pairs),
+            );
+            submit(ctx, |p| {
+                let whole = RowField::whole(pairs);
+                if n == 1 {
+                    kernels.matvec(ctx, p, &m, &x, &y)?;
+                    let extras = MatvecExtras {
+                        swiglu: true,
+                        activation: gelu,
+                        ..Default::default()
+                    };
+                    kernels.matvec_with(ctx, p, &m, &x, (&fused, whole), extras)?;
+                } else {
+                    kernels.matmul(ctx, p, &m, &x, &y, n)?;
+                    let extras = MatmulExtras {
+                        swiglu: true,
+                        activation: gelu,
+                        ..Default::default()
+                    };
+                    kernels.matmul_with(ctx, p, &m, &x, (&fused, whole), n, extras)?;
+                }
+                kernels.gated_mul_pairs(ctx, p, &y, &plain, pairs, n, gelu)
+            });
+            assert_eq!(
+                read_f32(ctx, &fused, n * pairs),
+                read_f32(ctx, &plain, n * pairs),
+                "{ty} {rows}x{cols}, {n} tokens"
+            );
+        }
+        // act(x) · up read from [gate | up] by the down projection's matvec
+        for (ty, rows, cols, part_rows) in [
+            (TensorType::Q4_0, 45, 96, 20),
+            (TensorType::Q6_K, 33, 512, 33),
+            (TensorType::F32, 7, 1000, 3),
+        ] {
+            let w = random_matrix(&mut rng, ty, rows, cols);
+            let part = (ty.row_bytes(cols).unwrap() * part_rows) as u64;
+            let m = GpuMatrix::upload_split(ctx, ty, rows, cols, &w, part).unwrap();
+            let width = cols + cols.next_multiple_of(32);
+            let mut gate_up = rng.floats(width, 4.0);
+            gate_up[2 * cols..].fill(0.0);
+            let gub = ctx.upload_f32("gate_up", &gate_up);
+            let (act, plain, fused) = (
+                ctx.storage_f32("act", cols),
+                ctx.storage_f32("plain", rows),
+                ctx.storage_f32("fused", rows),
+            );
+            let field = |offset| RowField { width, offset };
+            submit(ctx, |p| {
+                let fields = (field(0), field(cols));
+                kernels.gated_mul(ctx, p, &gub, fields, &act, cols, 1, gelu)?;
+                kernels.matvec(ctx, p, &m, &act, &plain)?;
+                let extras = MatvecExtras {
+                    silu_up: Some((&gub, cols)),
+                    activation: gelu,
+                    ..Default::default()
+                };
+                kernels.matvec_with(ctx, p, &m, &gub, (&fused, RowField::whole(rows)), extras)
+            });
+            assert_eq!(
+                read_f32(ctx, &fused, rows),
+                read_f32(ctx, &plain, rows),
+                "{ty} {rows}x{cols}: act · up"
+            );
+        }
+    }
+}
+
+/// embed_scaled: every dequantized value times the scale in f32 (Gemma 3's sqrt(640) rounded to
+/// f32), from a matrix split across bindings; scale 1 is embed.
+#[test]
+fn embed_scaled_multiplies_in_f32() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut rng = Rng(305);
+    let scale = (640f32).sqrt();
+    for ty in [TensorType::Q4_K, TensorType::Q8_0, TensorType::F32] {
+        let (rows, cols) = (29, ty.block_len().max(32) * 3);
+        let w = random_matrix(&mut rng, ty, rows, cols);
+        let limit = (ty.row_bytes(cols).unwrap() * 7 + 3) as u64;
+        let m = GpuMatrix::upload_split(ctx, ty, rows, cols, &w, limit).unwrap();
+        let ids: Vec<u32> = vec![0, 28, 7, 6, 13];
+        let idb = ctx.upload_bytes("ids", bytemuck_u32(&ids));
+        let (plain, scaled, one) = (
+            ctx.storage_f32("plain", ids.len() * cols),
+            ctx.storage_f32("scaled", ids.len() * cols),
+            ctx.storage_f32("one", ids.len() * cols),
+        );
+        submit(ctx, |p| {
+            kernels.embed(ctx, p, &m, &idb, &plain, ids.len())?;
+            kernels.embed_scaled(ctx, p, &m, &idb, &scaled, ids.len(), scale)?;
+            kernels.embed_scaled(ctx, p, &m, &idb, &one, ids.len(), 1.0)
+        });
+        let plain = read_f32(ctx, &plain, ids.len() * cols);
+        let want: Vec<f32> = plain.iter().map(|v| v * scale).collect();
+        assert_eq!(read_f32(ctx, &scaled, ids.len() * cols), want, "{ty}");
+        assert_eq!(read_f32(ctx, &one, ids.len() * cols), plain, "{ty}");
+    }
+}
+
+/// Attention with a score scale and a sliding window (a query at p sees keys j with
+/// p - j < window) against an f64 softmax over exactly those positions, through both paths
+/// (rope_kv_store then attention: the prefill kernel for chunks of head_dim ≤ 128, split-K
+/// otherwise; and fresh tokens, split-K): windows shorter than the position (decode and
+/// chunks whose tokens cross the window's start, blocks whose later tokens' windows start past
+/// the block's first step), longer than it (no effect), of 1, long decodes (a few splits over
+/// the window of a long cache), head_dim 64, 80, 128 and 256. The cache before the earliest
+/// window is NaN: one read of it would show.
+#[test]
+fn attention_sliding_window_and_scale() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut rng = Rng(306);
+    for (n_heads, n_kv_heads, head_dim, n_tokens, pos0, capacity, window, scale) in [
+        (2, 1, 64, 1, 300, 400, 100, None),
+        (2, 1, 64, 1, 50, 400, 100, Some(0.3)),
+        (4, 2, 128, 40, 90, 200, 64, None),
+        (2, 2, 64, 70, 0, 100, 30, Some(0.0625)),
+        (3, 1, 256, 5, 20, 60, 16, Some(0.0625)),
+        (2, 1, 256, 1, 700, 800, 300, None),
+        (2, 1, 128, 1, 5000, 5001, 512, None),
+        (2, 1, 64, 3, 10, 20, 1, None),
+        (4, 1, 80, 33, 100, 140, 200, Some(0.2)),
+        (6, 2, 64, 37, 5, 64, 7, None),
+        (2, 1, 128, 64, 1000, 1100, 40, None),
+    ] {
+        let kv_dim = n_kv_heads * head_dim;
+        let s = AttentionShape {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            n_tokens,
+            capacity,
+            cache_offset: kv_dim * capacity,
+            scale: scale.unwrap_or(AttentionShape::default_scale(head_dim)),
+            window: Some(window),
+        };
+        let q = rng.floats(n_tokens * n_heads * head_dim, 1.0);
+        let mut k = rng.floats(2 * kv_dim * capacity, 1.0);
+        let mut v = rng.floats(2 * kv_dim * capacity, 1.0);
+        let k_new = rng.floats(n_tokens * kv_dim, 1.0);
+        let v_new = rng.floats(n_tokens * kv_dim, 1.0);
+        // positions no token sees: NaN
+        let unseen: usize = (pos0 + 1usize).saturating_sub(window);
+        for layer in 0..2 {
+            for kv in 0..n_kv_heads {
+                let base = layer * kv_dim * capacity + kv * capacity * head_dim;
+                k[base..base + unseen * head_dim].fill(f32::NAN);
+                v[base..base + unseen * head_dim].fill(f32::NAN);
+            }
+        }
+        for t in 0..n_tokens {
+            for j in 0..kv_dim {
+                let at = s.cache_offset
+                    + ((j / head_dim) * capacity + pos0 + t) * head_dim
+                    + j % head_dim;
+                k[at] = k_new[t * kv_dim + j];
+                v[at] = v_new[t * kv_dim + j];
+            }
+        }
+        let (width, fields) = qkv_layouts(n_heads * head_dim, kv_dim)[n_heads % 2];
+        let fill = rng.floats(n_tokens * width, 1.0);
+        let rows = qkv_rows((&q, &k_new, &v_new), n_tokens, width, fields, &fill);
+        let step = StepBuffer::new(ctx);
+        step.set(ctx, pos0).unwrap();
+        let no_rope = Rope {
+            rope_dim: 0,
+            positions: capacity,
+            pairing: RopePairing::Neox,
+        };
+        let table = ctx.storage_f32("no table", 4);
+        // the reference, per output element: (value, sum of |p · v|)
+        let mut want = Vec::with_capacity(n_tokens * n_heads * head_dim);
+        for t in 0..n_tokens {
+            let pos = pos0 + t;
+            let first = (pos + 1).saturating_sub(window);
+            for h in 0..n_heads {
+                let base = s.cache_offset + h / (n_heads / n_kv_heads) * capacity * head_dim;
+                let qh = &q[(t * n_heads + h) * head_dim..][..head_dim];
+                let logits: Vec<f64> = (first..=pos)
+                    .map(|p| {
+                        (0..head_dim)
+                            .map(|d| qh[d] as f64 * k[base + p * head_dim + d] as f64)
+                            .sum::<f64>()
+                            * s.scale as f64
+                    })
+                    .collect();
+                let max = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = logits.iter().map(|l| (l - max).exp()).sum();
+                for d in 0..head_dim {
+                    let (mut value, mut abs) = (0.0, 0.0);
+                    for (i, l) in logits.iter().enumerate() {
+                        let pv =
+                            (l - max).exp() / sum * v[base + (first + i) * head_dim + d] as f64;
+                        value += pv;
+                        abs += pv.abs();
+                    }
+                    want.push((value, abs));
+                }
+            }
+        }
+        for fresh in [false, true] {
+            let (qkv, kb, vb) = (
+                ctx.upload_f32("qkv", &rows),
+                ctx.upload_f32("k", &cache_before(&k, &s, pos0)),
+                ctx.upload_f32("v", &cache_before(&v, &s, pos0)),
+            );
+            let ob = ctx.storage_f32("out", n_tokens * n_heads * head_dim);
+            let partials = ctx.storage_f32("partials", s.partials_len());
+            submit(ctx, |p| {
+                let q_at = (&qkv, fields[0]);
+                if fresh {
+                    let tokens = FreshTokens {
+                        k: fields[1],
+                        v: fields[2],
+                        cos_sin: &table,
+                        rope: no_rope,
+                    };
+                    let f = Some(tokens);
+                    kernels.attention(ctx, p, &step, q_at, &kb, &vb, &partials, &ob, s, f)
+                } else {
+                    let rope = (&table, no_rope);
+                    kernels.rope_kv_store(ctx, p, &step, &qkv, fields, (&kb, &vb), rope, s)?;
+                    kernels.attention(ctx, p, &step, q_at, &kb, &vb, &partials, &ob, s, None)
+                }
+            });
+            let got = read_f32(ctx, &ob, n_tokens * n_heads * head_dim);
+            for (i, (&g, &(value, abs))) in got.iter().zip(&want).enumerate() {
+                let (t, h, d) = (
+                    i / (n_heads * head_dim),
+                    i / head_dim % n_heads,
+                    i % head_dim,
+                );
+                assert!(
+                    (g as f64 - value).abs() <= 1e-5 * abs,
+                    "fresh {fresh}: heads {n_heads}/{n_kv_heads} of {head_dim}, window {window}, \
+                     token {t} at {} h {h} d {d}: {g} vs {value}",
+                    pos0 + t
+                );
+            }
+            let same =
+                |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(
+                same(&read_f32(ctx, &kb, k.len()), &k),
+                "fresh {fresh}: keys"
+            );
+            assert!(
+                same(&read_f32(ctx, &vb, v.len()), &v),
+                "fresh {fresh}: values"
+            );
+        }
+    }
+}
+
+/// A cache before a step at pos0: `after` with the step's positions of the layer at
+/// `s.cache_offset` set to 0.5 (the step writes them).
+fn cache_before(after: &[f32], s: &AttentionShape, pos0: usize) -> Vec<f32> {
+    let mut before = after.to_vec();
+    for kv in 0..s.n_kv_heads {
+        for t in 0..s.n_tokens {
+            let at = s.cache_offset + (kv * s.capacity + pos0 + t) * s.head_dim;
+            before[at..at + s.head_dim].fill(0.5);
+        }
+    }
+    before
+}
+
+/// Shapes attention refuses: a window of 0, a scale that is not finite.
+#[test]
+fn attention_rejects_bad_window_and_scale() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let b = ctx.storage_f32("b", 4096);
+    let step = StepBuffer::new(ctx);
+    let one = AttentionShape {
+        n_heads: 1,
+        n_kv_heads: 1,
+        head_dim: 64,
+        n_tokens: 1,
+        capacity: 4,
+        cache_offset: 0,
+        scale: 0.125,
+        window: None,
+    };
+    let whole = RowField::whole(64);
+    for s in [
+        AttentionShape {
+            window: Some(0),
+            ..one
+        },
+        AttentionShape {
+            scale: f32::NAN,
+            ..one
+        },
+    ] {
+        let mut plan = Plan::new();
+        let q = (&b, whole);
+        assert!(matches!(
+            kernels.attention(ctx, &mut plan, &step, q, &b, &b, &b, &b, s, None),
+            Err(GpuError::Shape(_))
+        ));
+    }
+    let mut plan = Plan::new();
+    let ok = AttentionShape {
+        window: Some(2),
+        ..one
+    };
+    kernels
+        .attention(ctx, &mut plan, &step, (&b, whole), &b, &b, &b, &b, ok, None)
+        .expect("a window of 2");
 }

@@ -707,9 +707,15 @@ mod tests {
                 "instructions",
             ),
             // 10 GB of output: stopped at the output cap.
-            ("{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}", "MiB"),
+            (
+                "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}",
+                "MiB",
+            ),
             // Unbounded recursion: minijinja's depth limit.
-            ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recursion"),
+            (
+                "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+                "recursion",
+            ),
             ("{{ 'x' * 1000000000 }}", "too large"),
             ("{{ range(1000000000000)|length }}", "too many"),
         ];
@@ -718,7 +724,11 @@ mod tests {
             let err = render_chat(source, &hi).unwrap_err().to_string();
             assert!(err.contains(want), "{source}: {err}");
             // (A second at most on a quiet machine; generous here for loaded CI runners.)
-            assert!(start.elapsed().as_secs() < 20, "{source}: {:?}", start.elapsed());
+            assert!(
+                start.elapsed().as_secs() < 20,
+                "{source}: {:?}",
+                start.elapsed()
+            );
         }
     }
 
@@ -727,16 +737,26 @@ mod tests {
         // ChatML with a system default, as SmolLM2's and Qwen's templates: 2,000 turns.
         let source = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are helpful.<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
         let messages: Vec<ChatMessage> = (0..2000)
-            .map(|i| ChatMessage::new(if i % 2 == 0 { "user" } else { "assistant" }, format!("turn {i} ").repeat(20)))
+            .map(|i| {
+                ChatMessage::new(
+                    if i % 2 == 0 { "user" } else { "assistant" },
+                    format!("turn {i} ").repeat(20),
+                )
+            })
             .collect();
         let text = render_chat(source, &messages).unwrap();
         assert!(text.len() > 2000 * 100);
         let chat = ChatTemplate::compile(source.to_string()).unwrap();
         let template = chat.env.get_template(TEMPLATE_NAME).unwrap();
         let context = minijinja::context! { messages => Value::from_serialize(&messages), add_generation_prompt => true };
-        let captured = template.render_captured_to(context, std::io::sink()).unwrap();
+        let captured = template
+            .render_captured_to(context, std::io::sink())
+            .unwrap();
         let (used, _) = captured.state().fuel_levels().unwrap();
-        assert!(used < TEMPLATE_FUEL / 20, "2,000 turns used {used} of {TEMPLATE_FUEL} fuel");
+        assert!(
+            used < TEMPLATE_FUEL / 20,
+            "2,000 turns used {used} of {TEMPLATE_FUEL} fuel"
+        );
     }
 
     fn data(json: &str) -> Value {

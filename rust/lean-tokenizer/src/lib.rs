@@ -93,7 +93,9 @@ impl Tokenizer {
     ) -> Result<Tokenizer, TokenizerError> {
         let gguf::Built { inner, mut config } = gguf::build(gguf)?;
         if let Some(bytes) = tokenizer_config {
-            if let (Json::Object(explicit), Json::Object(derived)) = (parse_config(bytes)?, &mut config) {
+            if let (Json::Object(explicit), Json::Object(derived)) =
+                (parse_config(bytes)?, &mut config)
+            {
                 derived.extend(explicit);
             }
         }

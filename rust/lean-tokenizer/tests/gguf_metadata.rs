@@ -15,8 +15,14 @@ const FILES: [(&str, &str); 5] = [
     ("smollm2-135m-instruct-q4_1.gguf", "smollm2-135m-instruct"),
     ("smollm2-135m-instruct-q4_0.gguf", "smollm2-135m-instruct"),
     ("smollm2-135m-instruct-q8_0.gguf", "smollm2-135m-instruct"),
-    ("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct"),
-    ("qwen2.5-coder-0.5b-instruct-q4_0.gguf", "qwen2.5-coder-0.5b-instruct"),
+    (
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "qwen2.5-coder-0.5b-instruct",
+    ),
+    (
+        "qwen2.5-coder-0.5b-instruct-q4_0.gguf",
+        "qwen2.5-coder-0.5b-instruct",
+    ),
 ];
 
 #[derive(Deserialize)]
@@ -35,7 +41,9 @@ struct Chat {
 }
 
 fn data(name: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -63,7 +71,10 @@ fn header(path: &Path) -> Gguf {
     loop {
         let mut file = std::fs::File::open(path).unwrap();
         prefix.clear();
-        file.by_ref().take(want as u64).read_to_end(&mut prefix).unwrap();
+        file.by_ref()
+            .take(want as u64)
+            .read_to_end(&mut prefix)
+            .unwrap();
         match Gguf::parse_header(&prefix, file_len) {
             Ok(gguf) => return gguf,
             Err(GgufError::NeedMoreBytes { .. }) => want *= 2,
@@ -77,8 +88,17 @@ fn ids_of(tok: &Tokenizer, text: &str, special: bool) -> Vec<u32> {
 }
 
 /// The first string whose ids differ, with both lists, so a failure says what to look at.
-fn assert_same_ids(what: &str, corpus: &[String], want: &[Vec<u32>], got: impl Fn(&str) -> Vec<u32>) {
-    assert_eq!(corpus.len(), want.len(), "{what}: corpus and reference lengths");
+fn assert_same_ids(
+    what: &str,
+    corpus: &[String],
+    want: &[Vec<u32>],
+    got: impl Fn(&str) -> Vec<u32>,
+) {
+    assert_eq!(
+        corpus.len(),
+        want.len(),
+        "{what}: corpus and reference lengths"
+    );
     let mut wrong = 0;
     let mut first = None;
     for (text, want) in corpus.iter().zip(want) {
@@ -106,10 +126,15 @@ fn corpus_ids_equal_transformers_from_the_gguf_alone() {
         let want = &reference[family];
         let gguf = Tokenizer::from_gguf(&header(&models.join(file)), None, None).unwrap();
         assert!(gguf.is_from_gguf());
-        assert_same_ids(&format!("{file} (GGUF)"), &corpus, &want.ids, |t| ids_of(&gguf, t, false));
-        assert_same_ids(&format!("{file} (GGUF, special)"), &corpus, &want.ids_with_special, |t| {
-            ids_of(&gguf, t, true)
+        assert_same_ids(&format!("{file} (GGUF)"), &corpus, &want.ids, |t| {
+            ids_of(&gguf, t, false)
         });
+        assert_same_ids(
+            &format!("{file} (GGUF, special)"),
+            &corpus,
+            &want.ids_with_special,
+            |t| ids_of(&gguf, t, true),
+        );
         for ((text, ids), roundtrip) in corpus.iter().zip(&want.ids).zip(&want.roundtrip) {
             let decoded = gguf.decode(ids, false).unwrap();
             if *roundtrip {
@@ -121,9 +146,12 @@ fn corpus_ids_equal_transformers_from_the_gguf_alone() {
     for family in ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"] {
         let json = Tokenizer::from_path(&models.join(family)).unwrap();
         assert!(!json.is_from_gguf());
-        assert_same_ids(&format!("{family} (tokenizer.json)"), &corpus, &reference[family].ids, |t| {
-            ids_of(&json, t, false)
-        });
+        assert_same_ids(
+            &format!("{family} (tokenizer.json)"),
+            &corpus,
+            &reference[family].ids,
+            |t| ids_of(&json, t, false),
+        );
     }
 }
 
@@ -141,7 +169,11 @@ fn gguf_and_tokenizer_json_agree_on_decoding_specials_and_stops() {
         // without the special tokens.
         let n = gguf.vocab_size() as u32;
         for id in 0..n {
-            assert_eq!(gguf.id_to_token(id), json.id_to_token(id), "{file}: id {id}");
+            assert_eq!(
+                gguf.id_to_token(id),
+                json.id_to_token(id),
+                "{file}: id {id}"
+            );
         }
         let mut state = 0x2545_f491_u64;
         for _ in 0..300 {
@@ -154,7 +186,11 @@ fn gguf_and_tokenizer_json_agree_on_decoding_specials_and_stops() {
                 })
                 .collect();
             for skip in [false, true] {
-                assert_eq!(gguf.decode(&ids, skip), json.decode(&ids, skip), "{file}: {ids:?}");
+                assert_eq!(
+                    gguf.decode(&ids, skip),
+                    json.decode(&ids, skip),
+                    "{file}: {ids:?}"
+                );
             }
         }
     }
@@ -174,7 +210,9 @@ fn chat_prompts_from_the_gguf_template_equal_transformers() {
                 .apply_chat_template(&chat.messages, chat.add_generation_prompt)
                 .unwrap();
             assert_eq!(rendered, chat.rendered, "{file}: {:?}", chat.messages);
-            let ids = tok.encode_chat(&chat.messages, chat.add_generation_prompt).unwrap();
+            let ids = tok
+                .encode_chat(&chat.messages, chat.add_generation_prompt)
+                .unwrap();
             assert_eq!(ids, chat.ids, "{file}: {:?}", chat.messages);
         }
     }
@@ -184,13 +222,15 @@ fn chat_prompts_from_the_gguf_template_equal_transformers() {
 fn explicit_config_and_template_win_over_the_gguf() {
     let Some(models) = models_dir() else { return };
     let gguf = header(&models.join(FILES[0].0));
-    let config = br#"{"chat_template": "{{ messages[0]['content'] }}!", "eos_token": "<|endoftext|>"}"#;
+    let config =
+        br#"{"chat_template": "{{ messages[0]['content'] }}!", "eos_token": "<|endoftext|>"}"#;
     let tok = Tokenizer::from_gguf(&gguf, Some(config), None).unwrap();
     let hi = [ChatMessage::new("user", "hi")];
     assert_eq!(tok.apply_chat_template(&hi, false).unwrap(), "hi!");
     assert_eq!(tok.eos_token(), Some("<|endoftext|>"));
     assert_eq!(tok.eos_token_ids()[0], 0);
-    let tok = Tokenizer::from_gguf(&gguf, Some(config), Some("[{{ messages[0]['content'] }}]")).unwrap();
+    let tok =
+        Tokenizer::from_gguf(&gguf, Some(config), Some("[{{ messages[0]['content'] }}]")).unwrap();
     assert_eq!(tok.apply_chat_template(&hi, false).unwrap(), "[hi]");
 }
 
@@ -225,7 +265,9 @@ fn tiny(edit: impl FnOnce(&mut Vec<(String, Value)>)) -> Result<Tokenizer, Token
 }
 
 fn byte_char(b: u8) -> char {
-    let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+    let printable = |b: u32| {
+        (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)
+    };
     if printable(b as u32) {
         return char::from_u32(b as u32).unwrap();
     }
@@ -252,33 +294,74 @@ fn message(result: Result<Tokenizer, TokenizerError>) -> String {
 fn a_tiny_byte_level_vocabulary_works() {
     let tok = tiny(|_| {}).unwrap();
     assert_eq!(tok.encode("ab", false).unwrap(), vec![257]);
-    assert_eq!(tok.encode("a<|endoftext|>b", false).unwrap(), vec![1 + b'a' as u32, 0, 1 + b'b' as u32]);
+    assert_eq!(
+        tok.encode("a<|endoftext|>b", false).unwrap(),
+        vec![1 + b'a' as u32, 0, 1 + b'b' as u32]
+    );
     assert_eq!(tok.decode(&[257, 0], true).unwrap(), "ab");
     assert_eq!(tok.eos_token_ids(), vec![0]);
     assert!(!tok.has_chat_template());
 }
 
+/// Edits a file's metadata into a malformed one.
+type Corruption = Box<dyn FnOnce(&mut Vec<(String, Value)>)>;
+
 #[test]
 fn malformed_tokenizer_metadata_is_refused_by_name() {
-    let cases: Vec<(&str, Box<dyn FnOnce(&mut Vec<(String, Value)>)>)> = vec![
-        ("tokenizer.ggml.merges is missing", Box::new(|kv| kv.retain(|(k, _)| k != "tokenizer.ggml.merges"))),
-        ("\"unheard-of\"", Box::new(|kv| set(kv, "tokenizer.ggml.pre", "unheard-of".into()))),
-        ("\"bpe-xl\"", Box::new(|kv| set(kv, "tokenizer.ggml.model", "bpe-xl".into()))),
-        ("no tokenizer.ggml.model", Box::new(|kv| kv.retain(|(k, _)| k != "tokenizer.ggml.model"))),
-        ("tokenizer.ggml.token_type[1] is 9", Box::new(|kv| {
-            let mut types = vec![3i32, 9];
-            types.resize(258, 1);
-            set(kv, "tokenizer.ggml.token_type", types.into());
-        })),
-        ("tokenizer.ggml.token_type has 3 entries", Box::new(|kv| set(kv, "tokenizer.ggml.token_type", vec![1i32, 1, 1].into()))),
-        ("tokenizer.ggml.eos_token_id is 4000", Box::new(|kv| set(kv, "tokenizer.ggml.eos_token_id", 4000u32.into()))),
-        ("tokenizer.ggml.merges[0] is \"a b c\"", Box::new(|kv| set(kv, "tokenizer.ggml.merges", vec!["a b c"].into()))),
-        ("tokenizer.ggml.merges", Box::new(|kv| set(kv, "tokenizer.ggml.merges", vec!["a zz"].into()))),
-        ("tokenizer.ggml.tokens is empty", Box::new(|kv| {
-            set(kv, "tokenizer.ggml.tokens", Vec::<String>::new().into());
-            kv.retain(|(k, _)| k != "tokenizer.ggml.token_type" && k != "tokenizer.ggml.eos_token_id");
-        })),
-        ("tokenizer.ggml.tokens", Box::new(|kv| set(kv, "tokenizer.ggml.tokens", vec![1u32, 2].into()))),
+    let cases: Vec<(&str, Corruption)> = vec![
+        (
+            "tokenizer.ggml.merges is missing",
+            Box::new(|kv| kv.retain(|(k, _)| k != "tokenizer.ggml.merges")),
+        ),
+        (
+            "\"unheard-of\"",
+            Box::new(|kv| set(kv, "tokenizer.ggml.pre", "unheard-of".into())),
+        ),
+        (
+            "\"bpe-xl\"",
+            Box::new(|kv| set(kv, "tokenizer.ggml.model", "bpe-xl".into())),
+        ),
+        (
+            "no tokenizer.ggml.model",
+            Box::new(|kv| kv.retain(|(k, _)| k != "tokenizer.ggml.model")),
+        ),
+        (
+            "tokenizer.ggml.token_type[1] is 9",
+            Box::new(|kv| {
+                let mut types = vec![3i32, 9];
+                types.resize(258, 1);
+                set(kv, "tokenizer.ggml.token_type", types.into());
+            }),
+        ),
+        (
+            "tokenizer.ggml.token_type has 3 entries",
+            Box::new(|kv| set(kv, "tokenizer.ggml.token_type", vec![1i32, 1, 1].into())),
+        ),
+        (
+            "tokenizer.ggml.eos_token_id is 4000",
+            Box::new(|kv| set(kv, "tokenizer.ggml.eos_token_id", 4000u32.into())),
+        ),
+        (
+            "tokenizer.ggml.merges[0] is \"a b c\"",
+            Box::new(|kv| set(kv, "tokenizer.ggml.merges", vec!["a b c"].into())),
+        ),
+        (
+            "tokenizer.ggml.merges",
+            Box::new(|kv| set(kv, "tokenizer.ggml.merges", vec!["a zz"].into())),
+        ),
+        (
+            "tokenizer.ggml.tokens is empty",
+            Box::new(|kv| {
+                set(kv, "tokenizer.ggml.tokens", Vec::<String>::new().into());
+                kv.retain(|(k, _)| {
+                    k != "tokenizer.ggml.token_type" && k != "tokenizer.ggml.eos_token_id"
+                });
+            }),
+        ),
+        (
+            "tokenizer.ggml.tokens",
+            Box::new(|kv| set(kv, "tokenizer.ggml.tokens", vec![1u32, 2].into())),
+        ),
     ];
     for (want, edit) in cases {
         let text = message(tiny(edit));

@@ -273,7 +273,10 @@ fn gemma3_saved_tokenizer_json_matches_too() {
     tok.check_vocab(&tokens).unwrap();
     let mut other = tokens.clone();
     other[138] = " \t";
-    assert!(tok.check_vocab(&other).is_ok(), "a whitespace token is respelled whole");
+    assert!(
+        tok.check_vocab(&other).is_ok(),
+        "a whitespace token is respelled whole"
+    );
     other[138] = "x";
     assert!(tok.check_vocab(&other).is_err());
 }

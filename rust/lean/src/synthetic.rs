@@ -475,12 +475,12 @@ mod tests {
                     "{shape}"
                 );
                 assert_eq!(
-                    (c.n_ff, c.vocab_size, c.rope_dim),
+                    (c.n_ff, c.vocab_size, c.ropes[0].dim),
                     (ff, vocab, hd),
                     "{shape}"
                 );
                 assert_eq!(
-                    (c.rope_base, c.rms_eps, c.train_context_length),
+                    (c.ropes[0].base, c.rms_eps, c.train_context_length),
                     (base, eps, ctx)
                 );
                 let style = if arch == Architecture::Llama {
@@ -488,7 +488,7 @@ mod tests {
                 } else {
                     RopeStyle::Neox
                 };
-                assert_eq!(c.rope_style, style);
+                assert_eq!(c.ropes[0].style, style);
                 assert!(model.weights.tied_output);
                 assert_eq!(model.vocabulary().unwrap().len(), vocab);
 

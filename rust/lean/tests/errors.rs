@@ -69,7 +69,11 @@ fn a_vocabulary_longer_than_the_embedding_is_refused() {
     let gguf = lean::gguf::Gguf::parse(&bytes).unwrap();
     let tokens = gguf.string_array("tokenizer.ggml.tokens").unwrap();
     let rows = gguf.tensor("token_embd.weight").unwrap().rows();
-    assert_eq!(tokens.len(), rows, "the test model's vocabulary fills its embedding");
+    assert_eq!(
+        tokens.len(),
+        rows,
+        "the test model's vocabulary fills its embedding"
+    );
     let mut w = lean::gguf::GgufWriter::new();
     for (k, v) in gguf.metadata.iter() {
         let v = if k == "tokenizer.ggml.tokens" {
@@ -89,7 +93,11 @@ fn a_vocabulary_longer_than_the_embedding_is_refused() {
     }
     let err = load(w.finish().unwrap()).err().expect("rejected");
     let message = err.to_string();
-    for part in ["token_embd.weight", &rows.to_string(), &(rows + 1).to_string()] {
+    for part in [
+        "token_embd.weight",
+        &rows.to_string(),
+        &(rows + 1).to_string(),
+    ] {
         assert!(message.contains(part), "{message} should name {part}");
     }
 }

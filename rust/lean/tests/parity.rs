@@ -38,3 +38,28 @@ fn qwen25_coder_q4_k_m() {
 fn qwen25_coder_q4_0() {
     check_model("qwen2.5-coder-0.5b-instruct-q4_0.gguf");
 }
+
+#[test]
+fn llama32_random_q4_0() {
+    check_model("llama-3.2-1b-random-q4_0.gguf");
+}
+
+#[test]
+fn llama32_random_q8_0() {
+    check_model("llama-3.2-1b-random-q8_0.gguf");
+}
+
+#[test]
+fn qwen3_random_q4_0() {
+    check_model("qwen3-0.6b-random-q4_0.gguf");
+}
+
+#[test]
+fn qwen3_random_q8_0() {
+    check_model("qwen3-0.6b-random-q8_0.gguf");
+}
+
+#[test]
+fn gemma3_270m_q4_k_m() {
+    check_model("gemma-3-270m-q4_k_m.gguf");
+}

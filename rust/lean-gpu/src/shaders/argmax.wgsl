@@ -17,8 +17,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> spans_best: array<u32>;
 @group(0) @binding(1) var<storage, read_write> best: array<u32>;
 
-const WORKGROUP: u32 = 256u;
-const SPAN: u32 = WORKGROUP * 4u;
+// WORKGROUP and SPAN (values per workgroup of the first pass) come from kernels/argmax.rs.
 var<workgroup> best_value: array<f32, WORKGROUP>;
 var<workgroup> best_index: array<u32, WORKGROUP>;
 

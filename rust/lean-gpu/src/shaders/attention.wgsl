@@ -4,10 +4,13 @@
 // [split * split_len, (split + 1) * split_len) that the token sees, walking them in chunks of
 // CHUNK with an online softmax (running max and sum, the output rescaled when the max grows),
 // and writes its partial (unnormalized output, then max and sum) for attention_combine.wgsl.
-// Token t sits at position step.pos0 + t and sees positions 0 ..= pos0 + t; head h reads kv
-// head h / (n_heads / n_kv_heads). split_len follows the token's length (split_length: whole
-// chunks, as few per split as n_splits allow), so a short context in a long cache still spreads
-// over many workgroups, and one recorded dispatch serves every step.
+// Token t sits at position step.pos0 + t and sees positions 0 ..= pos0 + t, or with a sliding
+// window only the last `window` of them (pos0 + t - window < j: HF's sliding window); head h
+// reads kv head h / (n_heads / n_kv_heads). The splits cover the positions the token sees
+// (outside them nothing is read), split_len following their count (split_length: whole chunks,
+// as few per split as n_splits allow), so a short context in a long cache still spreads over
+// many workgroups, a windowed decode costs the window whatever the context, and one recorded
+// dispatch serves every step.
 //
 // Built for latency (a decode step waits for it between dependent dispatches, and a split is
 // typically one chunk): every thread issues all its loads of a chunk (keys, values) and the
@@ -19,7 +22,7 @@
 // head_dim / 4 threads takes every value_groups-th position, a vec4 of dimensions per thread,
 // and keeps its own share of the softmax sum; the groups' outputs and sums meet once, at the end.
 // Cache layout, from cache_offset: keys and values both [kv_head][capacity][head_dim].
-// head_dim and cache_offset are multiples of 4 (kernels.rs checks). kernels.rs builds this
+// head_dim and cache_offset are multiples of 4 (kernels/attention.rs checks), and builds this
 // shader for MAX_HEAD_DIM 64, 128 and 256 and picks the smallest that holds head_dim: the
 // register arrays sized for a larger head cost an H200 ~25% (fewer workgroups fit an SM).
 //
@@ -48,7 +51,7 @@ struct Params {
     neox: u32,         // fresh: 1: pairs (i, i + rope_dim/2) (qwen2); 0: pairs (2i, 2i + 1)
     k_offset: u32,     // fresh: where k and v start in the token rows (multiples of 4)
     v_offset: u32,
-    _pad0: u32,
+    window: u32,       // positions a token sees at most (u32 max: all)
     _pad1: u32,
     _pad2: u32,
     _pad3: u32,
@@ -74,10 +77,10 @@ struct Step {
 @group(0) @binding(6) var<storage, read> cos_sin: array<vec2<f32>>;
 
 const WORKGROUP: u32 = 256u;
-// Positions per chunk, and threads per position's dot.
-const CHUNK: u32 = 64u;
+// From kernels/attention.rs's header: CHUNK, positions per chunk (ATTENTION_CHUNK), and
+// MAX_HEAD_DIM, the largest head of this pipeline (ATTENTION_HEAD_DIMS). Threads per
+// position's dot:
 const LANES: u32 = WORKGROUP / CHUNK;
-const MAX_HEAD_DIM: u32 = 256u;
 // vec4s of a key row a lane reads, at most; positions a value group takes per chunk, at most
 // (there are at least WORKGROUP / (MAX_HEAD_DIM / 4) value groups).
 const LANE_QUADS: u32 = MAX_HEAD_DIM / 4u / LANES;
@@ -223,8 +226,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     // (at most the capacity: the session never steps past it; the clamp keeps every cache
     // access in range whatever the step buffer holds)
     let len = min(step.pos0 + t + 1u, p.capacity);
-    let split_len = split_length(len);
-    let first = split * split_len;
+    // The first position the token sees (its window's).
+    let start = len - min(len, p.window);
+    let split_len = split_length(len - start);
+    let first = start + split * split_len;
     // Splits past the token's last position have nothing to do (the combine skips them).
     if (first >= len) {
         return;

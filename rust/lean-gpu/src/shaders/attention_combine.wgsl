@@ -13,7 +13,7 @@ struct Params {
     n_splits: u32,
     stats_offset: u32, // vec4s: where the splits' (max, sum) start in `partials`
     capacity: u32,
-    _pad0: u32,
+    window: u32, // positions a token sees at most (u32 max: all)
     _pad1: u32,
 }
 
@@ -30,15 +30,11 @@ struct Step {
 @group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>; // [token][head][head_dim]
 
 const WORKGROUP: u32 = 256u;
-// At most this many splits (kernels.rs: ATTENTION_SPLITS_PER_HEAD).
-const MAX_SPLITS: u32 = 64u;
-// Set per pipeline as in attention.wgsl (64, 128 or 256), sizing the register array.
-const MAX_HEAD_DIM: u32 = 256u;
-// Splits a group of threads takes at most (there are at least WORKGROUP / (MAX_HEAD_DIM / 4)
-// groups).
+// From kernels/attention.rs's header: MAX_SPLITS, splits at most (ATTENTION_SPLITS_PER_HEAD),
+// attention.wgsl's CHUNK and, per pipeline as there (64, 128 or 256), MAX_HEAD_DIM, sizing
+// the register array. Splits a group of threads takes at most (there are at least
+// WORKGROUP / (MAX_HEAD_DIM / 4) groups):
 const GROUP_SPLITS: u32 = MAX_SPLITS / (WORKGROUP / (MAX_HEAD_DIM / 4u));
-// attention.wgsl's CHUNK.
-const CHUNK: u32 = 64u;
 const LOWEST: f32 = -3.4028234e38;
 
 // Per split: its (max, sum).
@@ -55,11 +51,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
         return;
     }
     let hd4 = p.head_dim / 4u;
-    // attention.wgsl's clamp and split_length
+    // attention.wgsl's clamp, window and split_length
     let len = min(step.pos0 + t + 1u, p.capacity);
+    let seen = min(len, p.window);
     let span = p.n_splits * CHUNK;
-    let split_len = (len + span - 1u) / span * CHUNK;
-    let used = (len + split_len - 1u) / split_len;
+    let split_len = (seen + span - 1u) / span * CHUNK;
+    let used = (seen + split_len - 1u) / split_len;
     let first = (t * p.n_heads + h) * p.n_splits;
     let split_groups = WORKGROUP / hd4;
     let g = lid / hd4;

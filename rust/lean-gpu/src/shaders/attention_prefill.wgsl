@@ -4,12 +4,14 @@
 // BQ tokens). One workgroup per (block of BQ tokens, head) walks the positions the block's last
 // token sees in steps of BK, with an online softmax (running max and sum per token, the output
 // rescaled when the max grows), and writes the normalized output: no combine pass.
-// Token t sits at position step.pos0 + t and sees positions 0 ..= pos0 + t; head h reads kv
-// head h / (n_heads / n_kv_heads). The queries are rotated and every position cached already
-// (rope_kv_store ran). Cache layout, from cache_offset: keys and values both
-// [kv_head][capacity][head_dim]; head_dim and cache_offset are multiples of 4 (kernels.rs
-// checks). kernels.rs builds this shader for MAX_HEAD_DIM 64 (16 KiB of workgroup memory, the
-// portable limit) and 128 (28 KiB, where the device allows it).
+// Token t sits at position step.pos0 + t and sees positions 0 ..= pos0 + t, or with a sliding
+// window only the last `window` of them (pos0 + t - window < j); head h reads kv head
+// h / (n_heads / n_kv_heads). A block walks from the first position its first token sees. The
+// queries are rotated and every position cached already (rope_kv_store ran). Cache layout, from cache_offset: keys and values both
+// [kv_head][capacity][head_dim]; head_dim and cache_offset are multiples of 4
+// (kernels/attention.rs checks). kernels/attention.rs builds this shader for MAX_HEAD_DIM 64
+// (16 KiB of workgroup memory, the portable limit) and 128 (28 KiB, where the device allows
+// it).
 //
 // Threads: 8 per token (g = 0..8). Per step, a thread scores its token against positions g and
 // g + 8 of the step (a whole dot each, keys from workgroup memory), and owns output quads g,
@@ -27,7 +29,7 @@ struct Params {
     query_blocks: u32, // ceil(n_tokens / BQ)
     q_stride: u32,     // row width and offset of the queries in q's token rows (multiples of 4)
     q_offset: u32,
-    _pad0: u32,
+    window: u32,       // positions a token sees at most (u32 max: all)
     _pad1: u32,
 }
 
@@ -46,11 +48,10 @@ struct Step {
 @group(0) @binding(5) var<storage, read_write> out: array<vec4<f32>>; // [token][head][head_dim]
 
 const WORKGROUP: u32 = 256u;
-// Tokens per workgroup, positions per step, threads per token.
-const BQ: u32 = 32u;
-const BK: u32 = 16u;
+// From kernels/attention.rs's header: BQ and BK, tokens per workgroup and positions per step
+// (PREFILL_ATTENTION_TOKENS, PREFILL_ATTENTION_STEP), and MAX_HEAD_DIM, the largest head of
+// this pipeline (PREFILL_ATTENTION_HEAD_DIMS). Threads per token:
 const PER_TOKEN: u32 = WORKGROUP / BQ;
-const MAX_HEAD_DIM: u32 = 128u;
 // Quads of a head (a power of two, at least PER_TOKEN: the swizzle stays inside a row), and
 // output quads per thread.
 const QUADS: u32 = MAX_HEAD_DIM / 4u;
@@ -114,6 +115,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     // access in range whatever the step buffer holds.
     let t = min(t0 + qi, p.n_tokens - 1u);
     let len = min(step.pos0 + t + 1u, p.capacity);
+    // The token sees positions start .. len (its window); the block those of its tokens.
+    let start = len - min(len, p.window);
+    let first_len = min(step.pos0 + t0 + 1u, p.capacity);
+    let begin = first_len - min(first_len, p.window);
     let end = min(step.pos0 + min(t0 + BQ, p.n_tokens), p.capacity);
 
     for (var i = lid; i < BQ * hd4; i += WORKGROUP) {
@@ -131,7 +136,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     for (var m = 0u; m < OUT_QUADS; m++) {
         acc[m] = vec4<f32>(0.0);
     }
-    for (var k0 = 0u; k0 < end; k0 += BK) {
+    for (var k0 = begin; k0 < end; k0 += BK) {
         // After the previous step's last reads of `rows` (and, first, with the queries staged).
         workgroupBarrier();
         stage(lid, kv_base, k0, end, false);
@@ -146,10 +151,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
             s0 = dot_acc(s0, qv, rows[a0 + (d ^ g)]);
             s1 = dot_acc(s1, qv, rows[a1 + (d ^ g)]);
         }
-        // Positions past the token's own score LOWEST: they never raise the max. Position 0
-        // is in every token's first step, so the max is finite from there on.
-        s0 = select(LOWEST, s0 * p.scale, k0 + g < len);
-        s1 = select(LOWEST, s1 * p.scale, k0 + g + PER_TOKEN < len);
+        // Positions the token does not see score LOWEST (they never raise the max) and weigh
+        // exactly 0, also in the steps before its window starts, where its max is LOWEST.
+        let seen0 = k0 + g >= start && k0 + g < len;
+        let seen1 = k0 + g + PER_TOKEN >= start && k0 + g + PER_TOKEN < len;
+        s0 = select(LOWEST, s0 * p.scale, seen0);
+        s1 = select(LOWEST, s1 * p.scale, seen1);
         scores[qi * BK + g] = s0;
         scores[qi * BK + g + PER_TOKEN] = s1;
         workgroupBarrier();
@@ -161,8 +168,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
         }
         let rescale = exp(running_max - step_max);
         running_max = step_max;
-        let e0 = exp(s0 - step_max);
-        let e1 = exp(s1 - step_max);
+        let e0 = select(0.0, exp(s0 - step_max), seen0);
+        let e1 = select(0.0, exp(s1 - step_max), seen1);
         running_sum = running_sum * rescale + e0 + e1;
         probs[qi * BK + g] = e0;
         probs[qi * BK + g + PER_TOKEN] = e1;

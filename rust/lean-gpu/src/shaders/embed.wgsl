@@ -1,6 +1,7 @@
 // Embedding lookup: out[t] = row ids[t] of the embedding matrix, dequantized with the
-// prepended block snippet's weight_at(). A matrix split across bindings runs one dispatch per
-// part; each writes the tokens whose row falls in its part. One thread per output element.
+// prepended block snippet's weight_at(), times p.scale in f32. A matrix split across bindings
+// runs one dispatch per part; each writes the tokens whose row falls in its part. One thread
+// per output element.
 
 struct Params {
     part: Layout, // where the weight part's arrays lie
@@ -8,6 +9,10 @@ struct Params {
     cols: u32,
     first_row: u32, // rows first_row .. first_row + rows live in this part
     rows: u32,
+    scale: f32, // the value times this (Gemma 3: sqrt(hidden)); 1: as stored
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -20,7 +25,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> x: array<f32>;
 @group(0) @binding(4) var<storage, read> x4: array<vec4<f32>>;
 
-const WORKGROUP: u32 = 64u;
+// WORKGROUP (threads per workgroup) comes from kernels/embed.rs: ELEMENTWISE_GROUP.
 
 @compute @workgroup_size(WORKGROUP)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
@@ -35,5 +40,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     if (id < p.first_row || id >= p.first_row + p.rows) {
         return;
     }
-    out[i] = weight_at(id - p.first_row, e);
+    var v = weight_at(id - p.first_row, e);
+    if (p.scale != 1.0) {
+        v = v * p.scale;
+    }
+    out[i] = v;
 }

@@ -1,15 +1,15 @@
 // Prefill: y[t * out_stride + first_row + r] = dot(row r of W, row t of x) for n_tokens rows
-// of x. A workgroup owns TILE_ROWS rows × TILE_TOKENS tokens (kernels.rs prepends both, K_STEP
-// and WARP_ROWS as constants). Per step of K_STEP elements of K its threads decode the weight
-// tile a whole slice (8 elements) at a time with slice_weights() of the prepended block
-// snippet, and stage the activations, both in workgroup memory laid out [k][row] and
+// of x. A workgroup owns TILE_ROWS rows × TILE_TOKENS tokens (both, K_STEP and WARP_ROWS come
+// from kernels/matmul.rs's header: MATMUL_TILE). Per step of K_STEP elements of K its threads
+// decode the weight tile a whole slice (8 elements) at a time with slice_weights() of the
+// prepended block snippet, and stage the activations, both in workgroup memory laid out [k][row] and
 // [k][token] (loaded a step ahead into registers, stored after the step's FMAs); then each
 // thread accumulates 8 rows × 4 tokens from vec4 loads (two of weights, one of activations per
 // 32 FMAs). Every weight is decoded once per TILE_TOKENS tokens; f32 products and sums.
 // When the tiles alone are too few workgroups to fill the device, K is split into ranges, each
-// range's workgroups write their partial sums to their own slab of y (kernels.rs binds scratch
-// there), and matmul_reduce.wgsl adds the slabs up in order (and applies BIAS or SWIGLU, which
-// kernels.rs sets only on unsplit dispatches).
+// range's workgroups write their partial sums to their own slab of y (kernels/matmul.rs binds
+// scratch there), and matmul_reduce.wgsl adds the slabs up in order (and applies BIAS or
+// SWIGLU, which kernels/matmul.rs sets only on unsplit dispatches).
 
 struct Params {
     part: Layout,       // where the weight part's arrays lie
@@ -43,8 +43,10 @@ struct Params {
 override BIAS: bool = false;
 // SWIGLU: the rows are [gate_0, up_0, gate_1, up_1, ...] (a stacked gate|up matrix with its rows
 // interleaved, stack.rs) from an even first row; y's column (first_row + r) / 2 of token t gets
-// silu(gate) · up of rows r and r + 1, so y's rows are half as wide as the matrix.
+// act(gate) · up of rows r and r + 1, so y's rows are half as wide as the matrix.
 override SWIGLU: bool = false;
+// SWIGLU's activation (activation.wgsl): GELU-tanh; SiLU without.
+override GELU: bool = false;
 
 // Threads: each owns 8 rows (two quads, half a tile apart) and 4 tokens. (8 × 8 per thread,
 // fewer threads, was slower on an H200.)
@@ -141,14 +143,14 @@ fn store_row(out: u32, row: u32, t0: u32, v: vec4<f32>) {
     }
 }
 
-// SWIGLU: writes silu(gate) · up for the 4 tokens of the pair at rows `row` (gate) and
+// SWIGLU: writes act(gate) · up for the 4 tokens of the pair at rows `row` (gate) and
 // `row + 1` (up), row even.
 fn store_pair(row: u32, t0: u32, gate: vec4<f32>, up: vec4<f32>) {
     if (row >= p.rows) {
         return;
     }
-    // silu(g) = g · (1 / (1 + exp(-g))), as torch (and silu_mul.wgsl) computes it.
-    let act = (gate * (1.0 / (1.0 + exp(-gate)))) * up;
+    // act(g) · up as torch (and silu_mul.wgsl) computes it.
+    let act = activate4(GELU, gate) * up;
     for (var j = 0u; j < 4u; j++) {
         let t = t0 + j;
         if (t < p.n_tokens) {
@@ -170,8 +172,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     }
     let k_begin = split * p.split_len;
     let k_end = min(p.cols, k_begin + p.split_len);
-    // A warp of 32 threads takes WARP_ROWS row quads × 32 / WARP_ROWS token quads (kernels.rs:
-    // MatmulTile): few weight addresses per load of w_tile, which the warp broadcasts.
+    // A warp of 32 threads takes WARP_ROWS row quads × 32 / WARP_ROWS token quads
+    // (kernels/matmul.rs: MatmulTile): few weight addresses per load of w_tile, which the warp broadcasts.
     let lane = lid % 32u;
     let warp = lid / 32u;
     let warps_across = ROW_THREADS / WARP_ROWS;

@@ -2,7 +2,7 @@
 // the sum over ranges s, in order, of partial[s][t][r] (each slab n_tokens × rows), plus
 // bias[first_row + r] with `bias`, added to y when accumulating. With `swiglu` the rows are
 // (gate, up) pairs from an even first row (matmul.wgsl: SWIGLU) and y's column
-// (first_row + r) / 2 gets silu(gate) · up. One thread per output.
+// (first_row + r) / 2 gets act(gate) · up. One thread per output.
 
 struct Params {
     rows: u32,
@@ -12,7 +12,7 @@ struct Params {
     splits: u32,
     accumulate: u32,
     bias: u32,
-    swiglu: u32,
+    swiglu: u32, // 0: none; the activation of the pairs: 1 SiLU, 2 GELU-tanh (activation.wgsl)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -21,7 +21,7 @@ struct Params {
 // Read with p.bias (y is bound here without).
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 
-const WORKGROUP: u32 = 256u;
+// WORKGROUP (threads per workgroup) comes from kernels/matmul.rs: MATMUL_REDUCE_GROUP.
 
 // The partial sums of output `i` (t × rows + r) over the ranges, in order.
 fn split_sum(slab: u32, i: u32) -> f32 {
@@ -47,7 +47,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
         let r = 2u * (i % pairs);
         let gate = split_sum(slab, t * p.rows + r);
         let up = split_sum(slab, t * p.rows + r + 1u);
-        y[t * p.out_stride + (p.first_row + r) / 2u] = (gate * (1.0 / (1.0 + exp(-gate)))) * up;
+        y[t * p.out_stride + (p.first_row + r) / 2u] = activate(p.swiglu == 2u, gate) * up;
         return;
     }
     if (i >= slab) {

@@ -10,7 +10,7 @@
 // matvec took 6.3 instead of 11.6 µs): 4 rows a thread made decode 7% faster than 2, 8 rows
 // 8% slower than 2 (fewer threads in flight). A reduction entry point appended to this file
 // (matvec_subgroup.wgsl or matvec_workgroup.wgsl) sums the threads' partials and calls
-// store_rows(). WORKGROUP is set per pipeline (kernels.rs picks 64 to 512 threads from the
+// store_rows(). WORKGROUP is set per pipeline (kernels/matvec.rs picks 64 to 512 threads from the
 // row length and the row count).
 // (A thread reading a whole unit's quants in one 16-byte load, 8 vec4 of x, was 2x slower on an
 // H200 for Q4_0 and Q8_0: 580 vs 1016 GB/s on 11008 x 2048.)
@@ -28,6 +28,7 @@
 //   rows interleaved at upload, stack.rs) and each (gate, up) pair of a workgroup's rows
 //   writes y[pair] = silu(gate) * up, as silu_mul.wgsl computes it: the FFN's activation
 //   straight out of the matvec, no [gate | up] row in between.
+// - GELU: SILU's and SWIGLU's activation is GELU-tanh instead of SiLU (activation.wgsl, Gemma 3).
 // - `bias` and `accumulate`: y = (W·x + bias) or y += W·x, as separate adds would round.
 
 struct Params {
@@ -62,12 +63,14 @@ struct Params {
 override WORKGROUP: u32 = 256u;
 // x is RMS-normalized, by norm_weight and p.eps.
 override NORM: bool = false;
-// The activations are silu(x) * up (x: the gate).
+// The activations are act(x) * up (x: the gate).
 override SILU: bool = false;
-// The rows are (gate, up) pairs: y[pair] = silu(gate) * up.
+// The rows are (gate, up) pairs: y[pair] = act(gate) * up.
 override SWIGLU: bool = false;
+// act of SILU and SWIGLU (activation.wgsl): GELU-tanh; SiLU without.
+override GELU: bool = false;
 // ROWS_PER_THREAD, rows a thread dots its slices with, and the reductions' array sizes
-// TREE_SLOTS and SUBGROUP_SLOTS are prepended by kernels.rs (matvec_constants); in quads:
+// TREE_SLOTS and SUBGROUP_SLOTS come from kernels/matvec.rs's header; in quads:
 const QUADS: u32 = ROWS_PER_THREAD / 4u;
 
 // A thread's (or a reduction's) sums: the dots with the workgroup's rows, and x² (NORM).
@@ -76,13 +79,8 @@ struct Partial {
     squares: f32,
 }
 
-// g * sigmoid(g) as torch computes it (silu_mul.wgsl).
-fn silu(g: vec4<f32>) -> vec4<f32> {
-    return g * (1.0 / (1.0 + exp(-g)));
-}
-
 // acc plus slice s's dots with the rows from `first` and its x², of the activations, which are
-// x, norm_weight * x (norm; x² of x itself) or silu(x) * up (silu).
+// x, norm_weight * x (norm; x² of x itself) or act(x) * up (silu).
 fn add_slice(acc: Partial, first: u32, s: u32) -> Partial {
     var xs = slice_x(s);
     var squares = 0.0;
@@ -92,8 +90,8 @@ fn add_slice(acc: Partial, first: u32, s: u32) -> Partial {
         xs[1] = norm_weight[2u * s + 1u] * xs[1];
     }
     if (SILU) {
-        xs[0] = silu(xs[0]) * up[p.up_offset + 2u * s];
-        xs[1] = silu(xs[1]) * up[p.up_offset + 2u * s + 1u];
+        xs[0] = activate4(GELU, xs[0]) * up[p.up_offset + 2u * s];
+        xs[1] = activate4(GELU, xs[1]) * up[p.up_offset + 2u * s + 1u];
     }
     var sums = acc;
     for (var k = 0u; k < QUADS; k++) {
@@ -128,7 +126,7 @@ fn store_rows(group: u32, sums: Partial) {
         scale = 1.0 / sqrt(sums.squares / f32(p.cols) + p.eps);
     }
     if (SWIGLU) {
-        // The part's rows are whole pairs from an even first_row (kernels.rs checks).
+        // The part's rows are whole pairs from an even first_row (kernels/matvec.rs checks).
         for (var k = 0u; k < ROWS_PER_THREAD / 2u; k++) {
             if (group * ROWS_PER_THREAD + 2u * k < p.rows) {
                 var g = sums.dots[k / 2u][2u * (k % 2u)];
@@ -138,7 +136,7 @@ fn store_rows(group: u32, sums: Partial) {
                     u = u * scale;
                 }
                 let pair = p.first_row / 2u + group * (ROWS_PER_THREAD / 2u) + k;
-                y[pair] = (g * (1.0 / (1.0 + exp(-g)))) * u;
+                y[pair] = activate(GELU, g) * u;
             }
         }
         return;

@@ -4,7 +4,7 @@
 // subgroups (of any size, full or not).
 
 // A subgroup has at least 4 invocations (wgpu's and WebGPU's minimum): SUBGROUP_SLOTS holds
-// the subgroups of the largest WORKGROUP (kernels.rs checks).
+// the subgroups of the largest WORKGROUP (kernels/matvec.rs checks).
 var<workgroup> partial: array<Partial, SUBGROUP_SLOTS>;
 
 @compute @workgroup_size(WORKGROUP)

@@ -1,7 +1,7 @@
 // The matvec's reduction in core WGSL (no subgroups, e.g. Firefox's WebGPU): a tree over the
 // workgroup's threads in workgroup memory, one barrier per halving.
 
-// Sized for the largest WORKGROUP of this reduction (TREE_SLOTS, kernels.rs).
+// Sized for the largest WORKGROUP of this reduction (TREE_SLOTS, kernels/matvec.rs).
 var<workgroup> tree_dots: array<array<vec4<f32>, QUADS>, TREE_SLOTS>;
 var<workgroup> tree_squares: array<f32, TREE_SLOTS>;
 

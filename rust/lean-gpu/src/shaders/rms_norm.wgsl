@@ -1,4 +1,6 @@
 // HF LlamaRMSNorm per row: out = w * (x * (1 / sqrt(mean(x²) + eps))). One workgroup per row.
+// With ADD the norm is added into out instead (Gemma 3's post-attention and post-FFN norms:
+// residual + norm(y)).
 // Decode runs this on one short row between dependent matvecs, so it is built for latency: a
 // thread issues all its loads at once (a fixed-count loop the compiler unrolls, HELD elements
 // kept in registers for the second pass) instead of one load per loop trip.
@@ -19,6 +21,17 @@ const WORKGROUP: u32 = 256u;
 // Elements a thread keeps in registers: rows of up to 4096 elements are read once.
 const HELD: u32 = 16u;
 var<workgroup> partial: array<f32, WORKGROUP>;
+// out += the norm (a pipeline constant).
+override ADD: bool = false;
+
+// Writes out[at] = v, or out[at] += v with ADD.
+fn store(at: u32, v: f32) {
+    if (ADD) {
+        out[at] = out[at] + v;
+    } else {
+        out[at] = v;
+    }
+}
 
 @compute @workgroup_size(WORKGROUP)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
@@ -56,10 +69,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     for (var k = 0u; k < HELD; k++) {
         let i = lid + k * WORKGROUP;
         if (i < p.n) {
-            out[base + i] = weight[i] * (held[k] * inv);
+            store(base + i, weight[i] * (held[k] * inv));
         }
     }
     for (var i = lid + HELD * WORKGROUP; i < p.n; i += WORKGROUP) {
-        out[base + i] = weight[i] * (x[base + i] * inv);
+        store(base + i, weight[i] * (x[base + i] * inv));
     }
 }

@@ -42,7 +42,7 @@ struct Step {
 @group(0) @binding(4) var<storage, read_write> vals: array<f32>;
 @group(0) @binding(5) var<storage, read> cos_sin: array<vec2<f32>>; // [position][rope_dim/2]
 
-const WORKGROUP: u32 = 64u;
+// WORKGROUP (threads per workgroup) comes from kernels/rope_kv_store.rs: ELEMENTWISE_GROUP.
 
 @compute @workgroup_size(WORKGROUP)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,

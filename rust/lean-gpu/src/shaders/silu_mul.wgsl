@@ -1,7 +1,7 @@
-// SwiGLU: out = silu(gate) * up with silu(g) = g * (1 / (1 + exp(-g))) as torch computes it,
-// for n_rows rows of n elements; gate and up are fields of the rows of one buffer (each its row
-// width and offset; element j at offset + j * pitch: pitch 2 reads [gate_0, up_0, gate_1, ...]
-// rows), out is n_rows × n.
+// The gated activation: out = act(gate) * up with act SiLU (SwiGLU) or GELU-tanh (GeGLU) as
+// torch computes them (activation.wgsl), for n_rows rows of n elements; gate and up are fields
+// of the rows of one buffer (each its row width and offset; element j at offset + j * pitch:
+// pitch 2 reads [gate_0, up_0, gate_1, ...] rows), out is n_rows × n.
 
 struct Params {
     n: u32,
@@ -11,14 +11,14 @@ struct Params {
     up_stride: u32,
     up_offset: u32,
     pitch: u32,
-    _pad0: u32,
+    gelu: u32, // 1: GELU-tanh; 0: SiLU
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> gate_up: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 
-const WORKGROUP: u32 = 64u;
+// WORKGROUP (threads per workgroup) comes from kernels/gated.rs: ELEMENTWISE_GROUP.
 
 @compute @workgroup_size(WORKGROUP)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
@@ -30,6 +30,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     let t = i / p.n;
     let j = i % p.n;
     let g = gate_up[t * p.gate_stride + p.gate_offset + j * p.pitch];
-    let sigmoid = 1.0 / (1.0 + exp(-g));
-    out[i] = (g * sigmoid) * gate_up[t * p.up_stride + p.up_offset + j * p.pitch];
+    out[i] = activate(p.gelu != 0u, g) * gate_up[t * p.up_stride + p.up_offset + j * p.pitch];
 }

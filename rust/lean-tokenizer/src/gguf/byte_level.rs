@@ -38,8 +38,9 @@ fn split_regex(pre: &str) -> Result<Option<&'static str>, ()> {
 fn byte_alphabet() -> &'static [char; 256] {
     static ALPHABET: OnceLock<[char; 256]> = OnceLock::new();
     ALPHABET.get_or_init(|| {
-        let printable =
-            |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+        let printable = |b: u32| {
+            (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)
+        };
         let mut table = ['\0'; 256];
         let mut next = 256u32;
         for b in 0..256u32 {
@@ -80,7 +81,8 @@ pub(super) fn build(vocab: &GgufVocab) -> Result<tokenizers::Tokenizer, Tokenize
     };
     let merges = vocab.merges.as_ref().ok_or_else(|| {
         TokenizerError::Gguf(
-            "tokenizer.ggml.merges is missing: a byte-level (gpt2) vocabulary needs its merges".into(),
+            "tokenizer.ggml.merges is missing: a byte-level (gpt2) vocabulary needs its merges"
+                .into(),
         )
     })?;
 

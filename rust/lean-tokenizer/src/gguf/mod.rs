@@ -77,12 +77,18 @@ const MERGES: &str = "tokenizer.ggml.merges";
 
 impl<'a> GgufVocab<'a> {
     pub(crate) fn read(gguf: &'a Gguf) -> Result<GgufVocab<'a>, TokenizerError> {
-        let model = gguf.str_opt("tokenizer.ggml.model").map_err(gguf_error)?.ok_or_else(|| {
-            TokenizerError::Gguf(
+        let model =
+            gguf.str_opt("tokenizer.ggml.model")
+                .map_err(gguf_error)?
+                .ok_or_else(|| {
+                    TokenizerError::Gguf(
                 "the file has no tokenizer (no tokenizer.ggml.model); give a tokenizer.json".into(),
             )
-        })?;
-        let arch = gguf.str_opt("general.architecture").map_err(gguf_error)?.unwrap_or("");
+                })?;
+        let arch = gguf
+            .str_opt("general.architecture")
+            .map_err(gguf_error)?
+            .unwrap_or("");
         let pre = gguf.str_opt("tokenizer.ggml.pre").map_err(gguf_error)?;
         let tokens = gguf.string_array(TOKENS).map_err(gguf_error)?;
         if tokens.is_empty() {
@@ -165,7 +171,10 @@ impl<'a> GgufVocab<'a> {
 /// A metadata array that must hold one item per token.
 fn per_token<'v>(key: &str, value: &'v Value, count: usize) -> Result<&'v [Value], TokenizerError> {
     let items = value.as_array().ok_or_else(|| {
-        TokenizerError::Gguf(format!("{key} is {}, not an array", value.type_description()))
+        TokenizerError::Gguf(format!(
+            "{key} is {}, not an array",
+            value.type_description()
+        ))
     })?;
     if items.len() != count {
         return Err(TokenizerError::Gguf(format!(
@@ -254,7 +263,10 @@ pub(crate) fn build(gguf: &Gguf) -> Result<Built, TokenizerError> {
     let processor = bos_eos_processor(&inner, bos, eos)?;
     inner.with_post_processor(Some(processor));
 
-    if let Some(template) = gguf.str_opt("tokenizer.chat_template").map_err(gguf_error)? {
+    if let Some(template) = gguf
+        .str_opt("tokenizer.chat_template")
+        .map_err(gguf_error)?
+    {
         config.insert("chat_template".into(), json!(template));
     }
     if let Some(class) = tokenizer_class(vocab.arch) {

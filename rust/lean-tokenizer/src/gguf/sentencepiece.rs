@@ -238,7 +238,6 @@ fn bpe(
         .map_err(|e| TokenizerError::Gguf(format!("{MERGES}: {e}")))
 }
 
-
 /// transformers' `generate_merges(vocab, vocab_scores)`: every split of every token into two
 /// tokens of the vocabulary is a merge; a token's own splits in the order of (left id, right id),
 /// then all of them stably sorted by (score, left length, right length), largest first. Lengths

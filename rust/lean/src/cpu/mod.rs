@@ -4,6 +4,7 @@
 //! `PREFILL_CHUNK`), a generated token alone (matrix-vector products).
 pub mod ops;
 
+use crate::config::{Activation, ModelConfig};
 use crate::error::{LeanError, Result};
 use crate::model::{Matrix, Model};
 pub use crate::session::Logits;
@@ -58,18 +59,21 @@ impl KvCache {
         (layer * self.n_kv_heads + kv_head) * Self::padded(self.capacity) * self.head_dim
     }
 
-    /// Keys of one head, transposed: `head_dim` x `len` (positions).
-    fn keys_t(&self, layer: usize, kv_head: usize, len: usize) -> F32Matrix<'_> {
+    /// Keys of one head at positions `from..to`, transposed: `head_dim` x `to - from`. `from`
+    /// is a multiple of `COLUMN_BLOCK` (`Window::first_block`).
+    fn keys_t(&self, layer: usize, kv_head: usize, from: usize, to: usize) -> F32Matrix<'_> {
+        debug_assert!(from.is_multiple_of(COLUMN_BLOCK));
         let s = self.head_start(layer, kv_head);
-        let data = &self.k[s..s + Self::padded(self.capacity) * self.head_dim];
-        F32Matrix::column_blocked(data, self.head_dim, len, self.head_dim)
+        let data =
+            &self.k[s + from * self.head_dim..s + Self::padded(self.capacity) * self.head_dim];
+        F32Matrix::column_blocked(data, self.head_dim, to - from, self.head_dim)
     }
 
-    /// Values of one head: `len` (positions) x `head_dim`.
-    fn values(&self, layer: usize, kv_head: usize, len: usize) -> F32Matrix<'_> {
+    /// Values of one head at positions `from..to`: `to - from` x `head_dim`.
+    fn values(&self, layer: usize, kv_head: usize, from: usize, to: usize) -> F32Matrix<'_> {
         let s = self.head_start(layer, kv_head);
-        let data = &self.v[s..s + len * self.head_dim];
-        F32Matrix::row_major(data, len, self.head_dim, self.head_dim)
+        let data = &self.v[s + from * self.head_dim..s + to * self.head_dim];
+        F32Matrix::row_major(data, to - from, self.head_dim, self.head_dim)
     }
 
     /// Stores one token's keys and values (`n_kv_heads × head_dim` each) at `pos`.
@@ -112,7 +116,8 @@ fn fit(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
 /// One conversation's state on the CPU: KV cache, position, scratch.
 pub struct CpuSession {
     kv: KvCache,
-    rope: RopeTable,
+    /// One per `ModelConfig::ropes`.
+    ropes: Vec<RopeTable>,
     pos: usize,
     scratch: Scratch,
 }
@@ -122,7 +127,11 @@ impl CpuSession {
         let c = &model.config;
         CpuSession {
             kv: KvCache::new(c.n_layers, context_length, c.n_kv_heads, c.head_dim),
-            rope: RopeTable::new(c, context_length),
+            ropes: c
+                .ropes
+                .iter()
+                .map(|r| RopeTable::new(r, context_length))
+                .collect(),
             pos: 0,
             scratch: Scratch::default(),
         }
@@ -200,6 +209,7 @@ impl CpuSession {
         Ok(())
     }
 
+    /// Runs the description in `model.config` (block, layers, ropes) over one chunk.
     fn forward_chunk(
         &mut self,
         model: &Model,
@@ -209,6 +219,7 @@ impl CpuSession {
         mut on_logits: impl FnMut(usize, &[f32]),
     ) {
         let c = &model.config;
+        let b = &c.block;
         let w = &model.weights;
         let n = tokens.len();
         let (e, qd, kvd, ff, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff, c.head_dim);
@@ -219,10 +230,14 @@ impl CpuSession {
         for (t, &tok) in tokens.iter().enumerate() {
             let row = w.token_embd.ty.row_bytes(e).expect("validated at load");
             let data = &model.data(&w.token_embd)[tok as usize * row..(tok as usize + 1) * row];
-            lean_quant::dequantize_row(w.token_embd.ty, data, &mut x[t * e..(t + 1) * e]);
+            let x = &mut x[t * e..(t + 1) * e];
+            lean_quant::dequantize_row(w.token_embd.ty, data, x);
+            if let Some(scale) = b.embedding_scale {
+                x.iter_mut().for_each(|v| *v *= scale);
+            }
         }
 
-        for (l, lw) in w.layers.iter().enumerate() {
+        for (l, (lw, layer)) in w.layers.iter().zip(&c.layers).enumerate() {
             let h = fit(&mut s.h, n * e);
             ops::rms_norm(&s.x, &lw.attn_norm, c.rms_eps, h);
             let q = fit(&mut s.q, n * qd);
@@ -239,10 +254,15 @@ impl CpuSession {
                     ops::add_bias(y, b);
                 }
             }
+            // Per-head norms: rows of head_dim.
+            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                ops::rms_norm_in_place(q, qn, c.rms_eps);
+                ops::rms_norm_in_place(k, kn, c.rms_eps);
+            }
+            let rope = &self.ropes[layer.rope];
             for t in 0..n {
-                self.rope.apply(&mut q[t * qd..(t + 1) * qd], hd, pos0 + t);
-                self.rope
-                    .apply(&mut k[t * kvd..(t + 1) * kvd], hd, pos0 + t);
+                rope.apply(&mut q[t * qd..(t + 1) * qd], hd, pos0 + t);
+                rope.apply(&mut k[t * kvd..(t + 1) * kvd], hd, pos0 + t);
                 self.kv.store(
                     l,
                     pos0 + t,
@@ -251,10 +271,17 @@ impl CpuSession {
                 );
             }
             let attn = fit(&mut s.attn, n * qd);
-            attention(c, &self.kv, l, q, pos0, n, attn, &mut s.attention);
+            let heads = Heads::of(c, layer.window);
+            attention(heads, &self.kv, l, q, pos0, n, attn, &mut s.attention);
             let o = fit(&mut s.o, n * e);
             linear(model, &lw.wo, attn, n, o);
-            ops::add_in_place(&mut s.x, o);
+            residual_add(
+                &mut s.x,
+                o,
+                lw.post_attn_norm.as_deref(),
+                c.rms_eps,
+                &mut s.h,
+            );
 
             let h = fit(&mut s.h, n * e);
             ops::rms_norm(&s.x, &lw.ffn_norm, c.rms_eps, h);
@@ -267,10 +294,19 @@ impl CpuSession {
                 n,
             );
             let act = fit(&mut s.act, n * ff);
-            ops::silu_mul(gate, up, act);
+            match b.activation {
+                Activation::Silu => ops::silu_mul(gate, up, act),
+                Activation::GeluTanh => ops::gelu_tanh_mul(gate, up, act),
+            }
             let o = fit(&mut s.o, n * e);
             linear(model, &lw.w_down, act, n, o);
-            ops::add_in_place(&mut s.x, o);
+            residual_add(
+                &mut s.x,
+                o,
+                lw.post_ffn_norm.as_deref(),
+                c.rms_eps,
+                &mut s.h,
+            );
         }
         self.pos += n;
 
@@ -289,6 +325,18 @@ impl CpuSession {
         for r in 0..rows {
             on_logits(first + r, &logits[r * vocab..(r + 1) * vocab]);
         }
+    }
+}
+
+/// x += y, or x += rms_norm(y) · weight where the block norms its outputs (`post_norms`).
+fn residual_add(x: &mut [f32], y: &[f32], post_norm: Option<&[f32]>, eps: f32, h: &mut Vec<f32>) {
+    match post_norm {
+        Some(weight) => {
+            let h = fit(h, y.len());
+            ops::rms_norm(y, weight, eps, h);
+            ops::add_in_place(x, h);
+        }
+        None => ops::add_in_place(x, y),
     }
 }
 
@@ -381,15 +429,61 @@ struct TaskScratch {
     scores: Vec<f32>,
 }
 
+/// The attention of one layer: head counts, the score scale and the sliding window.
+#[derive(Copy, Clone)]
+struct Heads {
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    scale: f32,
+    window: Option<usize>,
+}
+
+impl Heads {
+    fn of(c: &ModelConfig, window: Option<usize>) -> Self {
+        Heads {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            scale: c.block.attention_scale,
+            window,
+        }
+    }
+
+    fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    /// The first position a token at `pos` sees.
+    fn first_visible(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
+}
+
+/// The key block holding `pos`'s first position: key views start at whole blocks, and the
+/// positions before the window within it get probability 0.
+fn first_block(pos: usize) -> usize {
+    pos / COLUMN_BLOCK * COLUMN_BLOCK
+}
+
+/// `softmax(row[seen] · scale)` over the visible positions `seen` of a row of scores; the rest
+/// of the row (masked) becomes 0, as HF's -inf mask makes it.
+fn masked_softmax(row: &mut [f32], seen: std::ops::Range<usize>, scale: f32) {
+    row[..seen.start].fill(0.0);
+    row[seen.end..].fill(0.0);
+    ops::softmax_scaled(&mut row[seen], scale);
+}
+
 /// Causal grouped-query attention for a batch of `n` tokens at positions pos0.. (token t sees
-/// positions 0..=pos0+t), as HF computes it: softmax(q·kᵀ · head_dim^-½) · v.
+/// positions first_visible(pos0+t)..=pos0+t), as HF computes it:
+/// softmax(q·kᵀ · scale) · v.
 ///
 /// Both products run on `lean_quant::vecmat` against the cache's own layout (no copies of keys
 /// or values). A prefill batch is cut into (head, block of tokens) tasks, each reading keys and
-/// values only up to its last token's position.
+/// values only from its first token's window to its last token's position.
 #[allow(clippy::too_many_arguments)]
 fn attention(
-    c: &crate::config::ModelConfig,
+    a: Heads,
     kv: &KvCache,
     layer: usize,
     q: &[f32],
@@ -399,30 +493,30 @@ fn attention(
     s: &mut AttentionScratch,
 ) {
     if n == 1 {
-        return decode_attention(c, kv, layer, q, pos0, out);
+        return decode_attention(a, kv, layer, q, pos0, out);
     }
-    let (hd, qd) = (c.head_dim, c.q_dim());
-    let group = c.n_heads / c.n_kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let heads_out = fit(&mut s.heads_out, c.n_heads * n * hd);
+    let (hd, qd) = (a.head_dim, a.q_dim());
+    let group = a.n_heads / a.n_kv_heads;
+    let heads_out = fit(&mut s.heads_out, a.n_heads * n * hd);
     // Task (head h, tokens t0..t0 + len): writes its block of `heads_out`.
     let block = ATTENTION_TOKEN_BLOCK * hd;
     let run = |(h, t0, o): (usize, usize, &mut [f32]), scratch: &mut TaskScratch| {
         let tokens = o.len() / hd;
-        let visible = pos0 + t0 + tokens;
+        let end = pos0 + t0 + tokens;
+        let from = first_block(a.first_visible(pos0 + t0));
         let g = h / group;
         let qh = fit(&mut scratch.q, tokens * hd);
         for (t, row) in qh.chunks_exact_mut(hd).enumerate() {
             row.copy_from_slice(&q[(t0 + t) * qd + h * hd..][..hd]);
         }
-        let scores = fit(&mut scratch.scores, tokens * visible);
-        lean_quant::vecmat(qh, tokens, kv.keys_t(layer, g, visible), scores);
-        for (t, row) in scores.chunks_exact_mut(visible).enumerate() {
-            let seen = pos0 + t0 + t + 1;
-            ops::softmax_scaled(&mut row[..seen], scale);
-            row[seen..].fill(0.0);
+        let span = end - from;
+        let scores = fit(&mut scratch.scores, tokens * span);
+        lean_quant::vecmat(qh, tokens, kv.keys_t(layer, g, from, end), scores);
+        for (t, row) in scores.chunks_exact_mut(span).enumerate() {
+            let pos = pos0 + t0 + t;
+            masked_softmax(row, a.first_visible(pos) - from..pos + 1 - from, a.scale);
         }
-        lean_quant::vecmat(scores, tokens, kv.values(layer, g, visible), o);
+        lean_quant::vecmat(scores, tokens, kv.values(layer, g, from, end), o);
     };
     let tasks = heads_out
         .chunks_mut(n * hd)
@@ -454,29 +548,24 @@ fn attention(
 
 /// Attention of one token (decode), per kv head (in parallel): the queries of the heads that
 /// share it times its keys, then their probabilities times its values, each one `vecmat` that
-/// loads every key and value row once for all those heads.
-fn decode_attention(
-    c: &crate::config::ModelConfig,
-    kv: &KvCache,
-    layer: usize,
-    q: &[f32],
-    pos0: usize,
-    out: &mut [f32],
-) {
-    let hd = c.head_dim;
-    let group = c.n_heads / c.n_kv_heads;
-    let len = pos0 + 1;
-    let scale = 1.0 / (hd as f32).sqrt();
+/// loads every key and value row once for all those heads. A sliding window reads only its
+/// positions (from the start of the key block holding the first).
+fn decode_attention(a: Heads, kv: &KvCache, layer: usize, q: &[f32], pos0: usize, out: &mut [f32]) {
+    let hd = a.head_dim;
+    let group = a.n_heads / a.n_kv_heads;
+    let (first, end) = (a.first_visible(pos0), pos0 + 1);
+    let from = first_block(first);
+    let span = end - from;
     let kv_head = |g: usize, o: &mut [f32], scores: &mut Vec<f32>| {
         let qg = &q[g * group * hd..(g + 1) * group * hd];
-        let scores = fit(scores, group * len);
-        lean_quant::vecmat(qg, group, kv.keys_t(layer, g, len), scores);
-        for row in scores.chunks_exact_mut(len) {
-            ops::softmax_scaled(row, scale);
+        let scores = fit(scores, group * span);
+        lean_quant::vecmat(qg, group, kv.keys_t(layer, g, from, end), scores);
+        for row in scores.chunks_exact_mut(span) {
+            masked_softmax(row, first - from..span, a.scale);
         }
-        lean_quant::vecmat(scores, group, kv.values(layer, g, len), o);
+        lean_quant::vecmat(scores, group, kv.values(layer, g, from, end), o);
     };
-    let out = &mut out[..c.q_dim()];
+    let out = &mut out[..a.q_dim()];
     #[cfg(feature = "threads")]
     {
         use rayon::prelude::*;

@@ -2,7 +2,7 @@
 //! transformers' float32 arithmetic step by step (same operations in the same order per element),
 //! so that only summation order and the last bit of `exp` can differ from the reference. (torch
 //! itself computes `exp` on CPU with a vectorized approximation, not libm's `expf`.)
-use crate::config::{ModelConfig, RopeStyle};
+use crate::config::{Rope, RopeStyle};
 
 /// HF LlamaRMSNorm: `w * (x * rsqrt(mean(x²) + eps))`, per row of `x`.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -12,6 +12,18 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
         let inv = 1.0 / (sum_sq / n as f32 + eps).sqrt();
         for ((o, &xv), &wv) in or.iter_mut().zip(xr).zip(w) {
             *o = wv * (xv * inv);
+        }
+    }
+}
+
+/// `rms_norm` of every row of `x` in place (rows of `w.len()`: per-head q/k norms).
+pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let n = w.len();
+    for row in x.chunks_exact_mut(n) {
+        let sum_sq: f32 = sum_f32(row.iter().map(|v| v * v));
+        let inv = 1.0 / (sum_sq / n as f32 + eps).sqrt();
+        for (v, &wv) in row.iter_mut().zip(w) {
+            *v = wv * (*v * inv);
         }
     }
 }
@@ -49,6 +61,19 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
+/// GeGLU: `gelu_tanh(gate) * up`, as torch's `gelu(approximate="tanh")` computes it in
+/// float32: 0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³))).
+pub fn gelu_tanh_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    // torch: M_SQRT2 * M_2_SQRTPI * 0.5 and 0.044715 as float.
+    const BETA: f32 = (std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5) as f32;
+    const KAPPA: f32 = 0.044715;
+    for ((o, &x), &u) in out.iter_mut().zip(gate).zip(up) {
+        let cube = x * x * x;
+        let inner = BETA * (x + KAPPA * cube);
+        *o = (0.5 * x * (1.0 + inner.tanh())) * u;
+    }
+}
+
 /// `e^x` in f32 within 2 ulp of the exact value (like torch's vectorized CPU `exp`), in plain
 /// arithmetic that the compiler vectorizes (libm's `expf` is a call per element: the slowest
 /// part of softmax and SwiGLU). Overflows to infinity above ~88.72; below ~-87.34 it returns
@@ -81,7 +106,10 @@ pub fn exp(x: f32) -> f32 {
 }
 
 /// cos/sin per (position, frequency), computed as HF's rotary embedding does in float32:
-/// inv_freq = 1 / base^(2i/d), angle = position · inv_freq.
+/// inv_freq = 1 / base^(2i/d) (divided by the linear factor, then by the frequency's own factor
+/// where the model has them: the llama3 scaling's bands are divisions by 1 and by a power of
+/// two, exact, so only its smoothed band can differ from HF, by an ulp), angle = position ·
+/// inv_freq.
 pub struct RopeTable {
     pub half: usize,
     cos: Vec<f32>,
@@ -91,12 +119,16 @@ pub struct RopeTable {
 }
 
 impl RopeTable {
-    pub fn new(c: &ModelConfig, positions: usize) -> Self {
-        let half = c.rope_dim / 2;
+    pub fn new(rope: &Rope, positions: usize) -> Self {
+        let half = rope.dim / 2;
         let inv_freq: Vec<f32> = (0..half)
             .map(|i| {
-                let exponent = (2 * i) as f32 / c.rope_dim as f32;
-                1.0 / c.rope_base.powf(exponent) / c.rope_linear_factor
+                let exponent = (2 * i) as f32 / rope.dim as f32;
+                let f = 1.0 / rope.base.powf(exponent) / rope.linear_factor;
+                match &rope.freq_factors {
+                    Some(factors) => f / factors[i],
+                    None => f,
+                }
             })
             .collect();
         let mut cos = Vec::with_capacity(positions * half);
@@ -112,8 +144,8 @@ impl RopeTable {
             half,
             cos,
             sin,
-            style: c.rope_style,
-            rope_dim: c.rope_dim,
+            style: rope.style,
+            rope_dim: rope.dim,
         }
     }
 

@@ -1,7 +1,9 @@
 //! A loaded model: configuration, weight views over the file's bytes, and the architecture files
 //! that map GGUF tensors onto the transformer (one file per architecture).
+mod gemma3;
 mod llama;
 mod qwen2;
+mod qwen3;
 mod weights;
 
 pub use weights::{LayerWeights, Matrix, Weights};
@@ -103,7 +105,15 @@ impl Model {
             ModelBytes::Partial(p) => Gguf::parse_header(&p.header, p.file_len as u64)?,
             whole => Gguf::parse(whole.as_slice())?,
         };
-        let config = ModelConfig::from_gguf(&gguf)?;
+        let arch = Architecture::from_gguf_name(gguf.architecture()?)?;
+        let describe = match arch {
+            Architecture::Llama => llama::describe,
+            Architecture::Qwen2 => qwen2::describe,
+            Architecture::Qwen3 => qwen3::describe,
+            Architecture::Gemma3 => gemma3::describe,
+        };
+        let vector = |name: &str, len: usize| weights::read_vector(&gguf, &bytes, name, len);
+        let config = ModelConfig::from_gguf(&gguf, &vector, describe)?;
         // Token ids index the embedding's rows (and the head's): a vocabulary with more tokens
         // than rows would read past them. (Fewer is fine: rows padded for alignment.)
         if let Ok(tokens) = gguf.string_array("tokenizer.ggml.tokens") {
@@ -121,10 +131,7 @@ impl Model {
             bytes: &bytes,
             config: &config,
         };
-        let weights = match config.arch {
-            Architecture::Llama => llama::load(&loader)?,
-            Architecture::Qwen2 => qwen2::load(&loader)?,
-        };
+        let weights = loader.load()?;
         Ok(Model {
             config,
             gguf,

@@ -24,11 +24,18 @@ pub struct LayerWeights {
     pub bq: Option<Vec<f32>>,
     pub bk: Option<Vec<f32>>,
     pub bv: Option<Vec<f32>>,
+    /// Per-head RMS norm weights of q and k (head_dim each), when the block has them.
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
     pub wo: Matrix,
+    /// The norm of the attention's output before the residual add (`post_norms`).
+    pub post_attn_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
     pub w_gate: Matrix,
     pub w_up: Matrix,
     pub w_down: Matrix,
+    /// The norm of the feed-forward's output before the residual add (`post_norms`).
+    pub post_ffn_norm: Option<Vec<f32>>,
 }
 
 pub struct Weights {
@@ -76,31 +83,17 @@ impl Loader<'_> {
 
     /// A 1-D tensor of `len` elements, as f32.
     pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
-        let t = self
-            .gguf
-            .tensor(name)
-            .ok_or_else(|| LeanError::Model(format!("tensor '{name}' is missing")))?;
-        if t.n_elements() != len || t.dims.len() != 1 {
-            return Err(LeanError::Model(format!(
-                "tensor '{name}' has shape {:?}, expected [{len}]",
-                t.dims
-            )));
-        }
-        let data = self.bytes.range(t.offset, t.size).ok_or_else(|| {
-            LeanError::Model(format!("tensor '{name}': its data is not in memory"))
-        })?;
-        let mut out = vec![0f32; len];
-        lean_quant::dequantize_row(t.ty, data, &mut out);
-        Ok(out)
+        read_vector(self.gguf, self.bytes, name, len)
     }
 
-    /// The tensors every llama-family block has.
-    pub fn layer(&self, i: usize, biases: bool) -> Result<LayerWeights> {
+    /// Layer `i`'s tensors: those of every block, and those the block description asks for.
+    fn layer(&self, i: usize) -> Result<LayerWeights> {
         let c = self.config;
+        let b = &c.block;
         let n = |s: &str| format!("blk.{i}.{s}");
-        let (e, q, kv, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
-        let bias = |s: &str, len| {
-            if biases {
+        let (e, q, kv, ff, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff, c.head_dim);
+        let optional = |wanted: bool, s: &str, len| {
+            if wanted {
                 self.vector(&n(s), len).map(Some)
             } else {
                 Ok(None)
@@ -111,19 +104,31 @@ impl Loader<'_> {
             wq: self.matrix(&n("attn_q.weight"), q, e)?,
             wk: self.matrix(&n("attn_k.weight"), kv, e)?,
             wv: self.matrix(&n("attn_v.weight"), kv, e)?,
-            bq: bias("attn_q.bias", q)?,
-            bk: bias("attn_k.bias", kv)?,
-            bv: bias("attn_v.bias", kv)?,
+            bq: optional(b.qkv_bias, "attn_q.bias", q)?,
+            bk: optional(b.qkv_bias, "attn_k.bias", kv)?,
+            bv: optional(b.qkv_bias, "attn_v.bias", kv)?,
+            q_norm: optional(b.qk_norm, "attn_q_norm.weight", hd)?,
+            k_norm: optional(b.qk_norm, "attn_k_norm.weight", hd)?,
             wo: self.matrix(&n("attn_output.weight"), e, q)?,
+            post_attn_norm: optional(b.post_norms, "post_attention_norm.weight", e)?,
             ffn_norm: self.vector(&n("ffn_norm.weight"), e)?,
             w_gate: self.matrix(&n("ffn_gate.weight"), ff, e)?,
             w_up: self.matrix(&n("ffn_up.weight"), ff, e)?,
             w_down: self.matrix(&n("ffn_down.weight"), e, ff)?,
+            post_ffn_norm: optional(b.post_norms, "post_ffw_norm.weight", e)?,
         })
     }
 
+    /// Every weight the description asks for, checked.
+    pub fn load(&self) -> Result<Weights> {
+        let layers = (0..self.config.n_layers)
+            .map(|i| self.layer(i))
+            .collect::<Result<Vec<_>>>()?;
+        self.weights(layers)
+    }
+
     /// Embedding, final norm and output head (tied to the embedding when `output.weight` is absent).
-    pub fn weights(&self, layers: Vec<LayerWeights>) -> Result<Weights> {
+    fn weights(&self, layers: Vec<LayerWeights>) -> Result<Weights> {
         let c = self.config;
         let token_embd = self.matrix("token_embd.weight", c.vocab_size, c.n_embd)?;
         let (output, tied_output) = if self.has("output.weight") {
@@ -139,4 +144,28 @@ impl Loader<'_> {
             tied_output,
         })
     }
+}
+
+/// The 1-D tensor `name` of `len` elements as f32, checked (shape, data in memory).
+pub(crate) fn read_vector(
+    gguf: &Gguf,
+    bytes: &super::ModelBytes,
+    name: &str,
+    len: usize,
+) -> Result<Vec<f32>> {
+    let t = gguf
+        .tensor(name)
+        .ok_or_else(|| LeanError::Model(format!("tensor '{name}' is missing")))?;
+    if t.n_elements() != len || t.dims.len() != 1 {
+        return Err(LeanError::Model(format!(
+            "tensor '{name}' has shape {:?}, expected [{len}]",
+            t.dims
+        )));
+    }
+    let data = bytes
+        .range(t.offset, t.size)
+        .ok_or_else(|| LeanError::Model(format!("tensor '{name}': its data is not in memory")))?;
+    let mut out = vec![0f32; len];
+    lean_quant::dequantize_row(t.ty, data, &mut out);
+    Ok(out)
 }

@@ -16,6 +16,9 @@ pub const NEAR_TIE: f32 = 1e-2;
 #[derive(Deserialize)]
 pub struct Fixture {
     cases: Vec<Case>,
+    /// The clock the reference's chat template saw (Llama 3.x's prints today's date).
+    #[serde(default)]
+    template_time: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -77,7 +80,9 @@ pub fn fixture_for(file: &str) -> Fixture {
 pub fn load(file: &str) -> Option<(Model, Tokenizer)> {
     let models = common::models_dir()?;
     let model = Model::load_file(&models.join(file)).expect("model loads");
-    let tokenizer = Tokenizer::from_gguf(&model.gguf, None, None).expect("tokenizer from the GGUF");
+    let mut tokenizer =
+        Tokenizer::from_gguf(&model.gguf, None, None).expect("tokenizer from the GGUF");
+    tokenizer.set_template_time(fixture_for(file).template_time);
     Some((model, tokenizer))
 }
 
@@ -234,17 +239,37 @@ pub fn check_reuse(
         let (first, _) = greedy(engine, &case.prompt_ids, half);
         compare(case, "first turn", &first, 0);
 
-        let next: Vec<u32> = case.prompt_ids.iter().chain(&case.greedy_ids[..half]).copied().collect();
+        let next: Vec<u32> = case
+            .prompt_ids
+            .iter()
+            .chain(&case.greedy_ids[..half])
+            .copied()
+            .collect();
         let rest = greedy_len - half;
         let (second, cached) = greedy(engine, &next, rest);
-        assert_eq!(cached, next.len() - 1, "{file} {}: the next turn reuses all but its last token", case.name);
+        assert_eq!(
+            cached,
+            next.len() - 1,
+            "{file} {}: the next turn reuses all but its last token",
+            case.name
+        );
         compare(case, "next turn from the cache", &second, half);
         reused += cached;
 
         let back = half / 2;
-        let shorter: Vec<u32> = case.prompt_ids.iter().chain(&case.greedy_ids[..back]).copied().collect();
+        let shorter: Vec<u32> = case
+            .prompt_ids
+            .iter()
+            .chain(&case.greedy_ids[..back])
+            .copied()
+            .collect();
         let (third, cached) = greedy(engine, &shorter, 4);
-        assert_eq!(cached, shorter.len() - 1, "{file} {}: a rolled-back prompt reuses its prefix", case.name);
+        assert_eq!(
+            cached,
+            shorter.len() - 1,
+            "{file} {}: a rolled-back prompt reuses its prefix",
+            case.name
+        );
         compare(case, "rolled back", &third, back);
         reused += cached;
     }
