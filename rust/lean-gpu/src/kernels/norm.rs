@@ -8,6 +8,7 @@ use crate::plan::Plan;
 
 const RMS_NORM: &str = include_str!("../shaders/rms_norm.wgsl");
 const HEAD_RMS_NORM: &str = include_str!("../shaders/head_rms_norm.wgsl");
+const RMS_REDUCE: &str = include_str!("../shaders/rms_reduce.wgsl");
 
 #[repr(C)]
 #[derive(Copy, Clone, bytemuck::Pod, bytemuck::Zeroable)]
@@ -49,11 +50,11 @@ impl NormPipelines {
 }
 
 fn rms_norm_source() -> String {
-    wgsl::assemble("", &Consts::new(), &[RMS_NORM])
+    wgsl::assemble("", &Consts::new(), &[RMS_REDUCE, RMS_NORM])
 }
 
 fn head_rms_norm_source() -> String {
-    wgsl::assemble("", &Consts::new(), &[HEAD_RMS_NORM])
+    wgsl::assemble("", &Consts::new(), &[RMS_REDUCE, HEAD_RMS_NORM])
 }
 
 impl Kernels {

@@ -21,7 +21,6 @@ struct Params {
 const WORKGROUP: u32 = 64u;
 // Elements a thread keeps in registers: heads of up to 256 elements are read once.
 const HELD: u32 = 4u;
-var<workgroup> partial: array<f32, WORKGROUP>;
 
 @compute @workgroup_size(WORKGROUP)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
@@ -49,16 +48,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
         let v = rows[base + i];
         acc = fma(v, v, acc);
     }
-    partial[lid] = acc;
-    for (var s = WORKGROUP / 2u; s > 0u; s >>= 1u) {
-        workgroupBarrier();
-        if (lid < s) {
-            partial[lid] += partial[lid + s];
-        }
-    }
-    workgroupBarrier();
-    // inverseSqrt() is allowed 2 ulp of error; a true division keeps HF's rounding.
-    let inv = 1.0 / sqrt(partial[0] / f32(n) + p.eps);
+    let inv = inverse_rms(lid, acc, n, p.eps);
     // Every thread has read its elements (before the last barrier): in place is safe.
     for (var k = 0u; k < HELD; k++) {
         let i = lid + k * WORKGROUP;

@@ -20,7 +20,6 @@ struct Params {
 const WORKGROUP: u32 = 256u;
 // Elements a thread keeps in registers: rows of up to 4096 elements are read once.
 const HELD: u32 = 16u;
-var<workgroup> partial: array<f32, WORKGROUP>;
 // out += the norm (a pipeline constant).
 override ADD: bool = false;
 
@@ -56,16 +55,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
         let v = x[base + i];
         acc = fma(v, v, acc);
     }
-    partial[lid] = acc;
-    for (var s = WORKGROUP / 2u; s > 0u; s >>= 1u) {
-        workgroupBarrier();
-        if (lid < s) {
-            partial[lid] += partial[lid + s];
-        }
-    }
-    workgroupBarrier();
-    // inverseSqrt() is allowed 2 ulp of error; a true division keeps HF's rounding.
-    let inv = 1.0 / sqrt(partial[0] / f32(p.n) + p.eps);
+    let inv = inverse_rms(lid, acc, p.n, p.eps);
     for (var k = 0u; k < HELD; k++) {
         let i = lid + k * WORKGROUP;
         if (i < p.n) {

@@ -8,8 +8,7 @@ use crate::config::{Rope, RopeStyle};
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = w.len();
     for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-        let sum_sq: f32 = sum_f32(xr.iter().map(|v| v * v));
-        let inv = 1.0 / (sum_sq / n as f32 + eps).sqrt();
+        let inv = inverse_rms(xr, eps);
         for ((o, &xv), &wv) in or.iter_mut().zip(xr).zip(w) {
             *o = wv * (xv * inv);
         }
@@ -20,12 +19,17 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
     let n = w.len();
     for row in x.chunks_exact_mut(n) {
-        let sum_sq: f32 = sum_f32(row.iter().map(|v| v * v));
-        let inv = 1.0 / (sum_sq / n as f32 + eps).sqrt();
+        let inv = inverse_rms(row, eps);
         for (v, &wv) in row.iter_mut().zip(w) {
             *v = wv * (*v * inv);
         }
     }
+}
+
+/// 1 / sqrt(mean(x²) + eps), as HF's RMSNorm computes it in float32.
+fn inverse_rms(row: &[f32], eps: f32) -> f32 {
+    let sum_sq: f32 = sum_f32(row.iter().map(|v| v * v));
+    1.0 / (sum_sq / row.len() as f32 + eps).sqrt()
 }
 
 /// Sums with 8 independent partial sums (vectorizes; closer to torch's blocked reduction than a
