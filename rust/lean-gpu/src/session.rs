@@ -16,11 +16,17 @@
 //! residual adds. Where the members of a stack differ in type (Q4_K_M files mix them), each
 //! writes its rows at its offset in the same activation row ([gate | up], then silu_mul): only
 //! the number of dispatches differs (stack.rs).
+//!
+//! The plan records the model's description (`lean::config`), never an architecture's name:
+//! per-head q/k norms run in place on the q|k|v row after the projection, each layer reads
+//! its rotary table and sliding window, post-norms send an output through `act.h` and
+//! `rms_norm_add` instead of fusing the residual add, and the gate's activation (SiLU or
+//! GELU-tanh) is a parameter of the fused kernels.
 use crate::context::{GpuContext, MapRequest};
 use crate::error::{GpuError, Result};
 use crate::kernels::{
-    fresh_rope_supported, AttentionShape, FreshTokens, Kernels, MatmulExtras, MatvecExtras, Rope,
-    RopePairing, RowField, StepBuffer,
+    fresh_rope_supported, Activation, AttentionShape, FreshTokens, Kernels, MatmulExtras,
+    MatvecExtras, Rope, RopePairing, RowField, StepBuffer,
 };
 use crate::plan::Plan;
 use crate::profile::Profiler;
@@ -57,8 +63,13 @@ struct LayerBuffers {
     attn_norm: wgpu::Buffer,
     /// Rows [q | k | v].
     qkv: Stack,
+    /// Per-head RMS norms of q and k (head_dim each), after the projection's bias.
+    qk_norms: Option<(wgpu::Buffer, wgpu::Buffer)>,
     wo: GpuMatrix,
+    /// RMS norms of the attention's and the FFN's outputs before their residual adds.
+    post_attn_norm: Option<wgpu::Buffer>,
     ffn_norm: wgpu::Buffer,
+    post_ffn_norm: Option<wgpu::Buffer>,
     /// Rows [gate | up].
     gate_up: Stack,
     w_down: GpuMatrix,
@@ -117,7 +128,8 @@ pub struct GpuSession {
     kernels: Arc<Kernels>,
     model: GpuModel,
     layers: Vec<LayerBuffers>,
-    rope_table: wgpu::Buffer,
+    /// cos/sin of each of the description's rotary tables (`ModelConfig::ropes`).
+    rope_tables: Vec<wgpu::Buffer>,
     step: StepBuffer,
     act: Activations,
     capacity: usize,
@@ -292,29 +304,6 @@ impl GpuSession {
         if context_length == 0 {
             return Err(GpuError::Shape("a context of no positions".into()));
         }
-        // The GPU plan does not record these parts of a block description yet (its kernels
-        // exist: head_rms_norm, rms_norm_add, GELU gating, windowed attention, embed_scaled).
-        let b = &c.block;
-        let unsupported = [
-            (b.qk_norm, "q/k norms"),
-            (b.post_norms, "post-norms"),
-            (
-                b.activation != lean::config::Activation::Silu,
-                "a GELU gate",
-            ),
-            (b.embedding_scale.is_some(), "a scaled embedding"),
-            (c.ropes.len() != 1, "several rotary tables"),
-            (
-                c.layers.iter().any(|l| l.window.is_some()),
-                "sliding-window layers",
-            ),
-        ];
-        if let Some((_, what)) = unsupported.iter().find(|(has, _)| *has) {
-            return Err(GpuError::Shape(format!(
-                "the GPU backend does not run {} models yet ({what}): use the CPU backend",
-                c.arch.name()
-            )));
-        }
         let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let w = &model.weights;
         for m in std::iter::once(&w.token_embd)
@@ -346,11 +335,28 @@ impl GpuSession {
                         )))
                     }
                 };
+                let qk_norms = match (&l.q_norm, &l.k_norm) {
+                    (Some(q), Some(k)) => {
+                        Some((ctx.upload_f32("q_norm", q), ctx.upload_f32("k_norm", k)))
+                    }
+                    (None, None) => None,
+                    _ => {
+                        return Err(GpuError::Shape(format!(
+                            "tensor '{}': a norm of only one of q, k",
+                            l.wq.name
+                        )))
+                    }
+                };
+                let norm =
+                    |label, w: &Option<Vec<f32>>| w.as_ref().map(|w| upload_norm(&ctx, label, w));
                 Ok(LayerBuffers {
                     attn_norm: upload_norm(&ctx, "attn_norm", &l.attn_norm),
                     qkv: Self::load_stack(&[&l.wq, &l.wk, &l.wv], qkv_bias, &mut matrix)?,
+                    qk_norms,
                     wo: matrix(&[&l.wo])?,
+                    post_attn_norm: norm("post_attn_norm", &l.post_attn_norm),
                     ffn_norm: upload_norm(&ctx, "ffn_norm", &l.ffn_norm),
+                    post_ffn_norm: norm("post_ffn_norm", &l.post_ffn_norm),
                     gate_up: Self::load_stack(&[&l.w_gate, &l.w_up], None, &mut matrix)?,
                     w_down: matrix(&[&l.w_down])?,
                     keys: ctx.storage_f32("keys", cache_len),
@@ -368,8 +374,14 @@ impl GpuSession {
             },
             config: c.clone(),
         };
-        let table = lean::cpu::ops::RopeTable::new(&c.ropes[0], context_length);
-        let rope_table = ctx.upload_f32("rope cos/sin", table.cos_sin_pairs().as_flattened());
+        let rope_tables = c
+            .ropes
+            .iter()
+            .map(|rope| {
+                let table = lean::cpu::ops::RopeTable::new(rope, context_length);
+                ctx.upload_f32("rope cos/sin", table.cos_sin_pairs().as_flattened())
+            })
+            .collect();
         let n = PREFILL_CHUNK.min(context_length);
         // Steps of fewer tokens split each head more: the scratch fits the largest.
         let partials_len = (1..=n)
@@ -420,7 +432,7 @@ impl GpuSession {
             kernels,
             model: gpu_model,
             layers,
-            rope_table,
+            rope_tables,
             act,
             capacity: context_length,
             chunk: n,
@@ -483,6 +495,27 @@ impl GpuSession {
         }
     }
 
+    /// The residual stream `act.x` += x · Wᵀ for `n` rows (the add fused into the matvec or
+    /// matmul), or += rms_norm(x · Wᵀ) · `post_norm` where the block norms its outputs (the
+    /// product goes through `act.h`, free at this point of a layer).
+    fn residual(
+        &self,
+        plan: &mut Plan,
+        m: &GpuMatrix,
+        x: &wgpu::Buffer,
+        post_norm: Option<&wgpu::Buffer>,
+        n: usize,
+    ) -> Result<()> {
+        let a = &self.act;
+        let Some(weight) = post_norm else {
+            return self.linear(plan, m, x, &a.x, n, true);
+        };
+        self.linear(plan, m, x, &a.h, n, false)?;
+        let (e, eps) = (self.model.config.n_embd, self.model.config.rms_eps);
+        self.kernels
+            .rms_norm_add(&self.ctx, plan, &a.h, weight, &a.x, e, n, eps)
+    }
+
     /// y = x · Wᵀ (+ bias) for each matrix of `s`, into its field of y's rows (`s.width` wide),
     /// the bias fused in: for one token a matvec with the RMS norm by `norm` fused in too (x is
     /// the raw residual stream), for several the matmuls (x already normalized).
@@ -538,29 +571,36 @@ impl GpuSession {
             width: 2 * ff,
             offset,
         };
-        let pairing = match c.ropes[0].style {
-            RopeStyle::Interleaved => RopePairing::Interleaved,
-            RopeStyle::Neox => RopePairing::Neox,
-        };
-        let rope = Rope {
-            rope_dim: c.ropes[0].dim,
-            positions: self.capacity,
-            pairing,
-        };
-        let attention = AttentionShape {
-            n_heads: c.n_heads,
-            n_kv_heads: c.n_kv_heads,
-            head_dim: hd,
-            n_tokens: n,
-            capacity: self.capacity,
-            cache_offset: 0,
-            scale: c.block.attention_scale,
-            window: None,
+        // Each rotary table as the kernels take it; a layer uses one (`Layer::rope`).
+        let ropes: Vec<Rope> = c
+            .ropes
+            .iter()
+            .map(|r| Rope {
+                rope_dim: r.dim,
+                positions: self.capacity,
+                pairing: match r.style {
+                    RopeStyle::Interleaved => RopePairing::Interleaved,
+                    RopeStyle::Neox => RopePairing::Neox,
+                },
+            })
+            .collect();
+        let activation = match c.block.activation {
+            lean::config::Activation::Silu => Activation::Silu,
+            lean::config::Activation::GeluTanh => Activation::GeluTanh,
         };
         let mut p = Plan::new();
-        k.embed(ctx, &mut p, &self.model.token_embd, &a.ids, &a.x, n)?;
+        let embedding_scale = c.block.embedding_scale.unwrap_or(1.0);
+        k.embed_scaled(
+            ctx,
+            &mut p,
+            &self.model.token_embd,
+            &a.ids,
+            &a.x,
+            n,
+            embedding_scale,
+        )?;
         let eps = c.rms_eps;
-        for l in &self.layers {
+        for (l, layer) in self.layers.iter().zip(&c.layers) {
             // One token: the norms are fused into the matvecs that read them.
             if n == 1 {
                 self.project(&mut p, &l.qkv, &a.x, Some(&l.attn_norm), &a.qkv, 1)?;
@@ -568,13 +608,29 @@ impl GpuSession {
                 k.rms_norm(ctx, &mut p, &a.x, &l.attn_norm, &a.h, e, n, eps)?;
                 self.project(&mut p, &l.qkv, &a.h, None, &a.qkv, n)?;
             }
+            if let Some((q_norm, k_norm)) = &l.qk_norms {
+                let (nh, nkv) = (c.n_heads, c.n_kv_heads);
+                k.head_rms_norm(ctx, &mut p, &a.qkv, qkv_fields[0], nh, hd, q_norm, eps, n)?;
+                k.head_rms_norm(ctx, &mut p, &a.qkv, qkv_fields[1], nkv, hd, k_norm, eps, n)?;
+            }
+            let (rope, cos_sin) = (ropes[layer.rope], &self.rope_tables[layer.rope]);
+            let attention = AttentionShape {
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: hd,
+                n_tokens: n,
+                capacity: self.capacity,
+                cache_offset: 0,
+                scale: c.block.attention_scale,
+                window: layer.window,
+            };
             // Decoding, the attention rotates and caches the token's key itself where it can
             // (a prefill chunk's attention would rotate every key of the chunk in each of its
             // workgroups: 5% slower on an H200 than rope_kv_store first).
             let fresh = (n == 1 && fresh_rope_supported(&rope, hd)).then_some(FreshTokens {
                 k: qkv_fields[1],
                 v: qkv_fields[2],
-                cos_sin: &self.rope_table,
+                cos_sin,
                 rope,
             });
             if fresh.is_none() {
@@ -585,7 +641,7 @@ impl GpuSession {
                     &a.qkv,
                     qkv_fields,
                     (&l.keys, &l.values),
-                    (&self.rope_table, rope),
+                    (cos_sin, rope),
                     attention,
                 )?;
             }
@@ -601,14 +657,15 @@ impl GpuSession {
                 attention,
                 fresh,
             )?;
-            self.linear(&mut p, &l.wo, &a.attn, &a.x, n, true)?;
+            self.residual(&mut p, &l.wo, &a.attn, l.post_attn_norm.as_ref(), n)?;
             if l.gate_up.pairs {
-                // silu(gate) · up straight out of the gate|up matvec or matmul
+                // act(gate) · up straight out of the gate|up matvec or matmul
                 let (gate_up, act) = (&l.gate_up.matrices[0].1, (&a.act, RowField::whole(ff)));
                 if n == 1 {
                     let extras = MatvecExtras {
                         norm: Some((&l.ffn_norm, eps)),
                         swiglu: true,
+                        activation,
                         ..Default::default()
                     };
                     k.matvec_with(ctx, &mut p, gate_up, &a.x, act, extras)?;
@@ -616,11 +673,12 @@ impl GpuSession {
                     k.rms_norm(ctx, &mut p, &a.x, &l.ffn_norm, &a.h, e, n, eps)?;
                     let extras = MatmulExtras {
                         swiglu: true,
+                        activation,
                         ..Default::default()
                     };
                     k.matmul_with(ctx, &mut p, gate_up, &a.h, act, n, extras)?;
                 }
-                self.linear(&mut p, &l.w_down, &a.act, &a.x, n, true)?;
+                self.residual(&mut p, &l.w_down, &a.act, l.post_ffn_norm.as_ref(), n)?;
                 continue;
             }
             if n == 1 {
@@ -630,18 +688,34 @@ impl GpuSession {
                 self.project(&mut p, &l.gate_up, &a.h, None, &a.gate_up, n)?;
             }
             if n == 1 && ff.is_multiple_of(4) {
-                // silu(gate) · up read straight from [gate | up]
+                // act(gate) · up read straight from [gate | up]; the residual added in unless
+                // a post-norm comes first
+                let post_norm = l.post_ffn_norm.as_ref();
                 let extras = MatvecExtras {
                     silu_up: Some((&a.gate_up, ff)),
-                    accumulate: true,
+                    accumulate: post_norm.is_none(),
+                    activation,
                     ..Default::default()
                 };
                 let whole = RowField::whole(e);
-                k.matvec_with(ctx, &mut p, &l.w_down, &a.gate_up, (&a.x, whole), extras)?;
+                let out = if post_norm.is_some() { &a.h } else { &a.x };
+                k.matvec_with(ctx, &mut p, &l.w_down, &a.gate_up, (out, whole), extras)?;
+                if let Some(weight) = post_norm {
+                    k.rms_norm_add(ctx, &mut p, &a.h, weight, &a.x, e, n, eps)?;
+                }
             } else {
                 let (gate, up) = (gate_up_field(0), gate_up_field(ff));
-                k.silu_mul(ctx, &mut p, &a.gate_up, (gate, up), &a.act, ff, n)?;
-                self.linear(&mut p, &l.w_down, &a.act, &a.x, n, true)?;
+                k.gated_mul(
+                    ctx,
+                    &mut p,
+                    &a.gate_up,
+                    (gate, up),
+                    &a.act,
+                    ff,
+                    n,
+                    activation,
+                )?;
+                self.residual(&mut p, &l.w_down, &a.act, l.post_ffn_norm.as_ref(), n)?;
             }
         }
         let head = self.model.output();

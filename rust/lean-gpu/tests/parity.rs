@@ -136,6 +136,66 @@ fn qwen25_coder_q4_0() {
     );
 }
 
+// Llama 3.x: rope_freqs factors, a 128k vocabulary, the tied head.
+#[test]
+fn llama32_random_q4_0() {
+    check_model(
+        "llama-3.2-1b-random-q4_0.gguf",
+        &["raw_code", "chat_short"],
+        8,
+        None,
+        None,
+    );
+}
+
+#[test]
+fn llama32_random_q8_0() {
+    check_model(
+        "llama-3.2-1b-random-q8_0.gguf",
+        &["raw_code"],
+        8,
+        None,
+        None,
+    );
+}
+
+// Qwen3: per-head q/k norms, an explicit head size (q is wider than the residual stream).
+#[test]
+fn qwen3_random_q4_0() {
+    check_model(
+        "qwen3-0.6b-random-q4_0.gguf",
+        &["raw_code", "chat_short"],
+        8,
+        None,
+        None,
+    );
+}
+
+#[test]
+fn qwen3_random_q8_0_chunked() {
+    // The 13-token prompt prefills 5 + 5 + 3: the q/k norms of prefill chunks.
+    check_model(
+        "qwen3-0.6b-random-q8_0.gguf",
+        &["raw_code"],
+        8,
+        None,
+        Some(5),
+    );
+}
+
+// Gemma 3: the scaled embedding, q/k norms, post-norms, GELU-tanh, two rotary tables, sliding
+// windows (the 777-token prompt reaches past the 512-position window of five layers in six).
+#[test]
+fn gemma3_270m_q4_k_m() {
+    check_model(
+        "gemma-3-270m-q4_k_m.gguf",
+        &["raw_code", "raw_sliding_window"],
+        8,
+        None,
+        None,
+    );
+}
+
 /// The browser's path: `begin_async` / `step_async`, whose readbacks are awaited instead of
 /// blocked on, give the fixture's ids, reading back only the argmax (greedy) and the whole
 /// logits row (top-k 1 sampling: the same tokens through the sampler).
