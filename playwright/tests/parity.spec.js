@@ -15,15 +15,28 @@ import { expect, test } from "@playwright/test";
 
 const repo = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
 const modelsDir = process.env.LEAN_MODELS ?? join(repo, "models");
-const models = [
-  "smollm2-135m-instruct-q4_0",
-  "smollm2-135m-instruct-q4_1",
-  "smollm2-135m-instruct-q8_0",
-  "qwen2.5-coder-0.5b-instruct-q4_0",
-  "qwen2.5-coder-0.5b-instruct-q4_k_m",
-];
-// chat_long's 300-token prompt is the prefill measurement; the others are short prompts.
-const caseNames = ["chat_short", "raw_code", "chat_long"];
+// Each model's cases: short prompts, and last a long one whose prefill is the speed measurement.
+// The random-weight files (flat logits) skip cases whose reference has a near-tie (a top-2
+// margin under 0.01, e.g. Llama Q4_0 chat_short: 0.0005): the native parity tests take those
+// with the near-tie rule; here only ids come back. Gemma 3's long case (777 tokens) reaches past
+// its 512-position sliding window.
+const cpuCases = {
+  "smollm2-135m-instruct-q4_0": ["chat_short", "raw_code", "chat_long"],
+  "smollm2-135m-instruct-q4_1": ["chat_short", "raw_code", "chat_long"],
+  "smollm2-135m-instruct-q8_0": ["chat_short", "raw_code", "chat_long"],
+  "qwen2.5-coder-0.5b-instruct-q4_0": ["chat_short", "raw_code", "chat_long"],
+  "qwen2.5-coder-0.5b-instruct-q4_k_m": ["chat_short", "raw_code", "chat_long"],
+  "llama-3.2-1b-random-q4_0": ["chat_system", "raw_code", "raw_long"],
+  "llama-3.2-1b-random-q8_0": ["chat_short", "raw_code", "raw_long"],
+  "qwen3-0.6b-random-q4_0": ["raw_short", "raw_code", "raw_long"],
+  "qwen3-0.6b-random-q8_0": ["chat_short", "raw_code", "raw_long"],
+  "gemma-3-270m-q4_k_m": ["raw_short", "raw_code", "raw_sliding_window"],
+};
+const models = Object.keys(cpuCases);
+// The 2025 architectures (Llama 3.x, Qwen3, Gemma 3) run both CPU builds in Chromium and the
+// single-thread build in Firefox: the two builds share every kernel, and each row loads a large
+// file (Llama 3.2's 128k-row embedding); WebGPU runs them in Firefox.
+const newArchitectures = new Set(models.slice(5));
 const threads = 2;
 const backends = ["simd", "threads"];
 
@@ -159,6 +172,10 @@ for (const backend of backends) {
   test.describe(backend, () => {
     for (const name of models) {
       test(`${name}: greedy ids equal the HF reference`, async ({ page }, testInfo) => {
+        test.skip(
+          testInfo.project.name === "firefox" && backend === "threads" && newArchitectures.has(name),
+          "Firefox runs this architecture in the single-thread build (same kernels)",
+        );
         const gguf = join(modelsDir, `${name}.gguf`);
         requireFile(gguf);
         const reference = fixture(name);
@@ -172,6 +189,7 @@ for (const backend of backends) {
         expect(info.context_length).toBe(1024);
 
         const speeds = { decodeTokens: 0, decodeMs: 0 };
+        const caseNames = cpuCases[name];
         for (const caseName of caseNames) {
           const c = reference.cases.find((c) => c.name === caseName);
           const prompt = c.messages ? { messages: c.messages } : { raw: c.prompt };
@@ -185,7 +203,7 @@ for (const backend of backends) {
           // The first token comes out of the prefill; each later one is one decode step.
           speeds.decodeTokens += run.token_ids.length - 1;
           speeds.decodeMs += run.decodeMs;
-          if (caseName === "chat_long") {
+          if (caseName === caseNames.at(-1)) {
             speeds.prefillTokens = run.promptIds.length;
             speeds.prefillMs = run.prefillMs;
           }
