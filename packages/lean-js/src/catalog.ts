@@ -1,6 +1,7 @@
 /**
  * Models lean-js knows by id: the four seed models (Q4_0 GGUFs on Hugging Face, tokenizer files
- * from the original repositories), fetched at run time and never bundled, and lean's test models,
+ * from the original repositories), the 2025 small models (Llama 3.2, Qwen3, Gemma 3; see
+ * `currentModels`), all fetched at run time and never bundled, and lean's test models,
  * which an app serves itself (URLs relative to `modelBaseUrl`). An entry without tokenizer
  * files runs on the tokenizer and chat template in its GGUF's own metadata.
  */
@@ -103,6 +104,82 @@ const seedModels: CatalogModel[] = [
   },
 ];
 
+/**
+ * The 2025 small models (architectures `llama` with Llama 3's rope scaling, `qwen3`, `gemma3`).
+ * Unverified: these URLs and sizes were written where Hugging Face could not be reached, so
+ * neither was checked against the repositories. They were chosen as (1) ungated repositories
+ * (meta-llama's and google's are gated, so their GGUFs come from bartowski's and unsloth's
+ * re-quantizations, which llama.cpp's converter made; Qwen's own Qwen3-*-GGUF repositories carry
+ * no Q4 file for the small sizes, so unsloth's), (2) Q4_0, like the seed models, under the file
+ * names those repositories use, and (3) `approxBytes` estimated from the parameter counts
+ * (Q4_0 layers; the tied embedding Q6_K, or Q8_0 for Gemma 3's 1152-wide rows, as llama.cpp
+ * quantizes the output head). The Llama and Gemma entries have no tokenizer files (the
+ * originals are gated): they run on the GGUF's own tokenizer and chat template. The Qwen3
+ * entries take theirs from Qwen's (ungated) original repositories, as the seed models do.
+ */
+const currentModels: CatalogModel[] = [
+  {
+    id: "llama-3.2-1b-instruct-q4_0",
+    name: "Llama 3.2 1B Instruct",
+    parameters: "1.2B",
+    quantization: "Q4_0",
+    approxBytes: 771e6,
+    // 64 KiB of f32 KV cache per token (8 KV heads of 64, 16 layers).
+    defaultContextLength: 4096,
+    local: false,
+    gguf: hf("bartowski/Llama-3.2-1B-Instruct-GGUF", "Llama-3.2-1B-Instruct-Q4_0.gguf"),
+    tokenizer: null,
+    tokenizerConfig: null,
+    chatTemplate: null,
+    gpu: null,
+  },
+  {
+    id: "qwen3-0.6b-q4_0",
+    name: "Qwen3 0.6B",
+    parameters: "0.6B",
+    quantization: "Q4_0",
+    approxBytes: 382e6,
+    // 224 KiB of f32 KV cache per token (8 KV heads of 128, 28 layers).
+    defaultContextLength: 2048,
+    local: false,
+    gguf: hf("unsloth/Qwen3-0.6B-GGUF", "Qwen3-0.6B-Q4_0.gguf"),
+    tokenizer: hf("Qwen/Qwen3-0.6B", "tokenizer.json"),
+    tokenizerConfig: hf("Qwen/Qwen3-0.6B", "tokenizer_config.json"),
+    chatTemplate: null,
+    gpu: null,
+  },
+  {
+    id: "qwen3-1.7b-q4_0",
+    name: "Qwen3 1.7B",
+    parameters: "1.7B",
+    quantization: "Q4_0",
+    approxBytes: 1.06e9,
+    // 224 KiB of f32 KV cache per token, as 0.6B.
+    defaultContextLength: 2048,
+    local: false,
+    gguf: hf("unsloth/Qwen3-1.7B-GGUF", "Qwen3-1.7B-Q4_0.gguf"),
+    tokenizer: hf("Qwen/Qwen3-1.7B", "tokenizer.json"),
+    tokenizerConfig: hf("Qwen/Qwen3-1.7B", "tokenizer_config.json"),
+    chatTemplate: null,
+    gpu: null,
+  },
+  {
+    id: "gemma-3-1b-it-q4_0",
+    name: "Gemma 3 1B Instruct",
+    parameters: "1B",
+    quantization: "Q4_0",
+    approxBytes: 720e6,
+    // 52 KiB of f32 KV cache per token (one KV head of 256, 26 layers).
+    defaultContextLength: 4096,
+    local: false,
+    gguf: hf("unsloth/gemma-3-1b-it-GGUF", "gemma-3-1b-it-Q4_0.gguf"),
+    tokenizer: null,
+    tokenizerConfig: null,
+    chatTemplate: null,
+    gpu: null,
+  },
+];
+
 const local = (url: string, size: number, sha256: string): CatalogFile => ({ url, size, sha256 });
 
 const smolTokenizer = {
@@ -180,9 +257,29 @@ const testModels: CatalogModel[] = [
   testModel("qwen2.5-coder-0.5b-instruct-q4_k_m", "Q4_K_M", 491400064,
     "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     { largestTensorBytes: 144643072, largestRowBytes: 3990 }),
+  // Gemma 3 270M (the base model: no chat template anywhere, raw completion only), as a GGUF
+  // alone: its SentencePiece tokenizer comes from the GGUF's metadata.
+  {
+    id: "gemma-3-270m-q4_k_m",
+    name: "Gemma 3 270M (Q4_K_M, test model)",
+    parameters: "270M",
+    quantization: "Q4_K_M",
+    approxBytes: 253113024,
+    defaultContextLength: 2048,
+    local: true,
+    gguf: local(
+      "gemma-3-270m-q4_k_m.gguf",
+      253113024,
+      "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    ),
+    tokenizer: null,
+    tokenizerConfig: null,
+    chatTemplate: null,
+    gpu: { largestTensorBytes: 178257920, largestRowBytes: 1680 },
+  },
 ];
 
-export const catalog: readonly CatalogModel[] = [...seedModels, ...testModels];
+export const catalog: readonly CatalogModel[] = [...seedModels, ...currentModels, ...testModels];
 
 export function findModel(id: string): CatalogModel | undefined {
   return catalog.find((m) => m.id === id);

@@ -16,7 +16,7 @@ const sha256 = (path: string) =>
 
 describe("catalog", () => {
   it("has the four seed models as Q4_0 GGUFs on Hugging Face", () => {
-    const seeds = catalog.filter((m) => !m.local);
+    const seeds = catalog.filter((m) => !m.local).slice(0, 4);
     expect(seeds.map((m) => m.id)).toEqual([
       "smollm2-360m-instruct-q4_0",
       "smollm2-1.7b-instruct-q4_0",
@@ -33,6 +33,43 @@ describe("catalog", () => {
       expect(m.tokenizer?.url.endsWith("/tokenizer.json")).toBe(true);
       expect(m.tokenizerConfig?.url.endsWith("/tokenizer_config.json")).toBe(true);
     }
+  });
+
+  it("has Llama 3.2, Qwen3 and Gemma 3 as Q4_0 GGUFs from ungated repositories", () => {
+    const current = catalog.filter((m) => !m.local).slice(4);
+    expect(current.map((m) => m.id)).toEqual([
+      "llama-3.2-1b-instruct-q4_0",
+      "qwen3-0.6b-q4_0",
+      "qwen3-1.7b-q4_0",
+      "gemma-3-1b-it-q4_0",
+    ]);
+    for (const m of current) {
+      expect(m.quantization).toBe("Q4_0");
+      expect(m.gguf.url).toMatch(/^https:\/\/huggingface\.co\/(bartowski|unsloth)\/[^/]+-GGUF\/resolve\/main\/[^/]+-Q4_0\.gguf$/);
+      // Gated originals (meta-llama, google): the GGUF's own tokenizer; Qwen's are ungated.
+      const qwen = m.id.startsWith("qwen3");
+      expect(m.tokenizer?.url ?? null).toBe(qwen ? `https://huggingface.co/Qwen/${m.name.replace(" ", "-")}/resolve/main/tokenizer.json` : null);
+      expect(m.tokenizerConfig?.url.endsWith("/tokenizer_config.json") ?? null).toBe(qwen ? true : null);
+      expect(m.chatTemplate).toBeNull();
+      expect(catalogFiles(m, "http://127.0.0.1/").map((f) => f.role)).toEqual(
+        qwen ? ["gguf", "tokenizer", "tokenizerConfig"] : ["gguf"],
+      );
+    }
+  });
+
+  it("has Gemma 3 270M as a local test model: a GGUF alone", () => {
+    const gemma = findModel("gemma-3-270m-q4_k_m")!;
+    expect(gemma.local).toBe(true);
+    expect(catalogFiles(gemma, "http://127.0.0.1/models/")).toEqual([
+      {
+        role: "gguf",
+        file: {
+          url: "http://127.0.0.1/models/gemma-3-270m-q4_k_m.gguf",
+          size: 253113024,
+          sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        },
+      },
+    ]);
   });
 
   it("has unique ids, and findModel finds each", () => {

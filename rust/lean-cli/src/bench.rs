@@ -18,7 +18,8 @@ pub struct BenchArgs {
     #[command(flatten)]
     common: Common,
     /// Instead of --model: a random-weight model of a real model's shape, built in memory
-    /// (smollm2-360m, qwen2.5-0.5b, smollm2-1.7b, qwen2.5-3b).
+    /// (smollm2-360m, qwen2.5-0.5b, smollm2-1.7b, qwen2.5-3b, llama3.2-1b, qwen3-1.7b,
+    /// gemma3-1b).
     #[arg(long, value_name = "SHAPE", conflicts_with = "model")]
     synthetic: Option<SyntheticShape>,
     /// Tensor types of the --synthetic model: q4_0 (Q6_K embedding where its rows allow, else
@@ -92,11 +93,14 @@ fn open_model(args: &BenchArgs) -> CliResult<(Model, f64, String)> {
             let (model, seconds) = load_model(&args.common)?;
             Ok((model, seconds, path.display().to_string()))
         }
-        (None, None) => Err(
-            "give --model FILE or --synthetic SHAPE (a random-weight model of \
-             smollm2-360m, qwen2.5-0.5b, smollm2-1.7b or qwen2.5-3b)"
-                .into(),
-        ),
+        (None, None) => {
+            let shapes: Vec<&str> = SyntheticShape::ALL.iter().map(|s| s.name()).collect();
+            Err(format!(
+                "give --model FILE or --synthetic SHAPE (a random-weight model of one of: {})",
+                shapes.join(", ")
+            )
+            .into())
+        }
     }
 }
 

@@ -19,9 +19,28 @@ pub enum SyntheticShape {
     SmolLm2_1_7B,
     /// Qwen/Qwen2.5-3B(-Instruct).
     Qwen2_5_3B,
+    /// meta-llama/Llama-3.2-1B(-Instruct): llama3 rope scaling (`rope_freqs.weight`).
+    Llama3_2_1B,
+    /// Qwen/Qwen3-1.7B: per-head q/k norms, head_dim 128.
+    Qwen3_1_7B,
+    /// google/gemma-3-1b-it: post-norms, q/k norms, GELU-tanh, head_dim 256, 5 sliding-window
+    /// layers (512) for each global one.
+    Gemma3_1B,
 }
 
-/// Hyper-parameters of a shape. All four tie the output head to the embedding.
+/// Llama 3.1+'s `rope_scaling` (`rope_type: llama3`), from which the converter computes
+/// `rope_freqs.weight`.
+#[derive(Copy, Clone, Debug)]
+struct Llama3Rope {
+    factor: f32,
+    low_freq_factor: f32,
+    high_freq_factor: f32,
+    original_max_position_embeddings: usize,
+}
+
+/// Hyper-parameters of a shape. All tie the output head to the embedding. The architecture
+/// implies the rest of the block: q/k/v biases (qwen2), per-head q/k norms (qwen3, gemma3),
+/// post-norms (gemma3).
 #[derive(Clone, Debug)]
 struct ShapeParams {
     arch: Architecture,
@@ -35,14 +54,21 @@ struct ShapeParams {
     rope_base: f32,
     rms_eps: f32,
     context_length: usize,
+    /// `rope_freqs.weight` from these (Llama 3.x).
+    llama3_rope: Option<Llama3Rope>,
+    /// Gemma 3's `attention.sliding_window`.
+    sliding_window: Option<usize>,
 }
 
 impl SyntheticShape {
-    pub const ALL: [SyntheticShape; 4] = [
+    pub const ALL: [SyntheticShape; 7] = [
         SyntheticShape::SmolLm2_360M,
         SyntheticShape::Qwen2_5_0_5B,
         SyntheticShape::SmolLm2_1_7B,
         SyntheticShape::Qwen2_5_3B,
+        SyntheticShape::Llama3_2_1B,
+        SyntheticShape::Qwen3_1_7B,
+        SyntheticShape::Gemma3_1B,
     ];
 
     pub fn name(self) -> &'static str {
@@ -51,6 +77,9 @@ impl SyntheticShape {
             SyntheticShape::Qwen2_5_0_5B => "qwen2.5-0.5b",
             SyntheticShape::SmolLm2_1_7B => "smollm2-1.7b",
             SyntheticShape::Qwen2_5_3B => "qwen2.5-3b",
+            SyntheticShape::Llama3_2_1B => "llama3.2-1b",
+            SyntheticShape::Qwen3_1_7B => "qwen3-1.7b",
+            SyntheticShape::Gemma3_1B => "gemma3-1b",
         }
     }
 
@@ -81,6 +110,8 @@ impl SyntheticShape {
             rope_base,
             rms_eps: 1e-5,
             context_length: 8192,
+            llama3_rope: None,
+            sliding_window: None,
         };
         let qwen2 = |n_layers, n_embd, n_heads, n_kv_heads, n_ff| ShapeParams {
             arch: Architecture::Qwen2,
@@ -94,12 +125,48 @@ impl SyntheticShape {
             rope_base: 1e6,
             rms_eps: 1e-6,
             context_length: 32768,
+            llama3_rope: None,
+            sliding_window: None,
         };
         match self {
             SyntheticShape::SmolLm2_360M => llama(32, 960, 15, 5, 2560, 100_000.0),
             SyntheticShape::Qwen2_5_0_5B => qwen2(24, 896, 14, 2, 4864),
             SyntheticShape::SmolLm2_1_7B => llama(24, 2048, 32, 32, 8192, 130_000.0),
             SyntheticShape::Qwen2_5_3B => qwen2(36, 2048, 16, 2, 11008),
+            SyntheticShape::Llama3_2_1B => ShapeParams {
+                vocab_size: 128256,
+                context_length: 131072,
+                llama3_rope: Some(Llama3Rope {
+                    factor: 32.0,
+                    low_freq_factor: 1.0,
+                    high_freq_factor: 4.0,
+                    original_max_position_embeddings: 8192,
+                }),
+                ..llama(16, 2048, 32, 8, 8192, 500_000.0)
+            },
+            SyntheticShape::Qwen3_1_7B => ShapeParams {
+                arch: Architecture::Qwen3,
+                head_dim: 128,
+                context_length: 40960,
+                ..qwen2(28, 2048, 16, 8, 6144)
+            },
+            // query_pre_attn_scalar 256 = head_dim and the local layers' rotary base 10,000 are
+            // what model/gemma3.rs implies for this shape (no metadata key carries them).
+            SyntheticShape::Gemma3_1B => ShapeParams {
+                arch: Architecture::Gemma3,
+                n_layers: 26,
+                n_embd: 1152,
+                n_heads: 4,
+                n_kv_heads: 1,
+                head_dim: 256,
+                n_ff: 6912,
+                vocab_size: 262144,
+                rope_base: 1e6,
+                rms_eps: 1e-6,
+                context_length: 32768,
+                llama3_rope: None,
+                sliding_window: Some(512),
+            },
         }
     }
 }
@@ -213,6 +280,39 @@ enum Fill {
     Norm,
     /// Projection biases: uniform with std WEIGHT_STD.
     Bias,
+    /// Llama 3's `rope_freqs.weight` (computed, not random).
+    RopeFreqs,
+}
+
+/// `rope_freqs.weight` as llama.cpp's converter computes it (`LlamaModel.generate_extra_tensors`,
+/// as scripts/make_test_models.py's `llama3_rope_factors`): the inverse frequencies in float32,
+/// each frequency's divisor from its wavelength (1 above the high-frequency wavelength, `factor`
+/// below the low one, smoothly between), in float32 arithmetic.
+fn llama3_rope_factors(r: &Llama3Rope, base: f32, dim: usize) -> Vec<f32> {
+    let old_ctx = r.original_max_position_embeddings as f32;
+    // Python floats: exact for the published values (8192 / 1 and 8192 / 4).
+    let low_wavelen = (r.original_max_position_embeddings as f64 / r.low_freq_factor as f64) as f32;
+    let high_wavelen =
+        (r.original_max_position_embeddings as f64 / r.high_freq_factor as f64) as f32;
+    (0..dim)
+        .step_by(2)
+        .map(|i| {
+            // torch: base ** (arange(0, dim, 2, float32) / dim); a Python float base, a float32
+            // exponent: the power in double, the tensor's result in float32.
+            let exponent = i as f32 / dim as f32;
+            let freq = 1.0f32 / ((base as f64).powf(exponent as f64) as f32);
+            let wavelen = (2.0 * std::f64::consts::PI) as f32 / freq;
+            if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                r.factor
+            } else {
+                let smooth = (old_ctx / wavelen - r.low_freq_factor)
+                    / (r.high_freq_factor - r.low_freq_factor);
+                1.0 / ((1.0 - smooth) / r.factor + smooth)
+            }
+        })
+        .collect()
 }
 
 fn build(p: &ShapeParams, name: &str, weights: SyntheticWeights, seed: u64) -> Result<Vec<u8>> {
@@ -235,21 +335,23 @@ fn build(p: &ShapeParams, name: &str, weights: SyntheticWeights, seed: u64) -> R
         .add(key("rope.dimension_count"), u32_of(p.head_dim))
         .add(key("rope.freq_base"), p.rope_base)
         .add(key("attention.layer_norm_rms_epsilon"), p.rms_eps)
-        .add(key("vocab_size"), u32_of(p.vocab_size))
-        .add("tokenizer.ggml.model", "gpt2")
-        .add(
-            "tokenizer.ggml.tokens",
-            (0..p.vocab_size)
-                .map(|i| format!("<synthetic-{i}>"))
-                .collect::<Vec<_>>(),
-        );
+        .add(key("vocab_size"), u32_of(p.vocab_size));
+    if let Some(window) = p.sliding_window {
+        w.add(key("attention.sliding_window"), u32_of(window));
+    }
+    w.add("tokenizer.ggml.model", "gpt2").add(
+        "tokenizer.ggml.tokens",
+        (0..p.vocab_size)
+            .map(|i| format!("<synthetic-{i}>"))
+            .collect::<Vec<_>>(),
+    );
 
     // Embedding, blocks, final norm; `fills[i]` fills tensor i.
     let mut fills = Vec::new();
     let mut add = |w: &mut GgufWriter, name: String, fill: Fill, dims: &[usize]| {
         let ty = match fill {
             Fill::Matrix(ty) => ty,
-            Fill::Norm | Fill::Bias => TensorType::F32,
+            Fill::Norm | Fill::Bias | Fill::RopeFreqs => TensorType::F32,
         };
         let dims: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
         w.add_tensor_in_place(name, ty, &dims);
@@ -262,6 +364,21 @@ fn build(p: &ShapeParams, name: &str, weights: SyntheticWeights, seed: u64) -> R
         p.n_ff,
     );
     let matrix = Fill::Matrix(weights.matrix_type());
+    let rope_freqs = p
+        .llama3_rope
+        .map(|r| llama3_rope_factors(&r, p.rope_base, p.head_dim));
+    if let Some(factors) = &rope_freqs {
+        add(
+            &mut w,
+            "rope_freqs.weight".into(),
+            Fill::RopeFreqs,
+            &[factors.len()],
+        );
+    }
+    let (qk_norms, post_norms) = (
+        matches!(p.arch, Architecture::Qwen3 | Architecture::Gemma3),
+        p.arch == Architecture::Gemma3,
+    );
     add(
         &mut w,
         "token_embd.weight".into(),
@@ -279,11 +396,21 @@ fn build(p: &ShapeParams, name: &str, weights: SyntheticWeights, seed: u64) -> R
             add(&mut w, n("attn_k.bias"), Fill::Bias, &[kv]);
             add(&mut w, n("attn_v.bias"), Fill::Bias, &[kv]);
         }
+        if qk_norms {
+            add(&mut w, n("attn_q_norm.weight"), Fill::Norm, &[p.head_dim]);
+            add(&mut w, n("attn_k_norm.weight"), Fill::Norm, &[p.head_dim]);
+        }
         add(&mut w, n("attn_output.weight"), matrix, &[q, e]);
+        if post_norms {
+            add(&mut w, n("post_attention_norm.weight"), Fill::Norm, &[e]);
+        }
         add(&mut w, n("ffn_norm.weight"), Fill::Norm, &[e]);
         add(&mut w, n("ffn_gate.weight"), matrix, &[e, ff]);
         add(&mut w, n("ffn_up.weight"), matrix, &[e, ff]);
         add(&mut w, n("ffn_down.weight"), matrix, &[ff, e]);
+        if post_norms {
+            add(&mut w, n("post_ffw_norm.weight"), Fill::Norm, &[e]);
+        }
     }
     add(&mut w, "output_norm.weight".into(), Fill::Norm, &[e]);
 
@@ -297,6 +424,12 @@ fn build(p: &ShapeParams, name: &str, weights: SyntheticWeights, seed: u64) -> R
             Fill::Bias => fill_f32(data, &mut rng, |u| {
                 (2.0 * u - 1.0) * 3f32.sqrt() * WEIGHT_STD
             }),
+            Fill::RopeFreqs => {
+                let factors = rope_freqs.as_deref().expect("added with the factors");
+                for (v, f) in data.chunks_exact_mut(4).zip(factors) {
+                    v.copy_from_slice(&f.to_le_bytes());
+                }
+            }
         }
     })?)
 }
@@ -430,13 +563,19 @@ mod tests {
     }
 
     /// Parameter counts extrapolated from a one-layer build, against the published ones as
-    /// rounded there (HF model pages: SmolLM2-360M "362M", SmolLM2-1.7B "1.71B"; Qwen2.5 model
-    /// cards: total and non-embedding): a check of every tensor's shape against an outside source.
+    /// rounded there (HF model pages: SmolLM2-360M "362M", SmolLM2-1.7B "1.71B", Llama-3.2-1B
+    /// "1.24B"; Qwen2.5 and Qwen3 model cards: total and non-embedding; the Gemma 3 technical
+    /// report: 1B = 302M embedding + 698M non-embedding): a check of every tensor's shape against
+    /// an outside source. `rope_freqs.weight` is a constant, no parameter.
     fn check_parameter_count(model: &Model, n_layers: usize, unit: f64, total: f64, rest: f64) {
         let all: usize = model.gguf.tensors.iter().map(|t| t.n_elements()).sum();
         let embd = model.gguf.tensor("token_embd.weight").unwrap().n_elements();
+        let rope_freqs = model
+            .gguf
+            .tensor("rope_freqs.weight")
+            .map_or(0, |t| t.n_elements());
         let final_norm = model.config.n_embd;
-        let per_layer = all - embd - final_norm;
+        let per_layer = all - embd - final_norm - rope_freqs;
         let full = (embd + final_norm + per_layer * n_layers) as f64;
         assert_eq!((full / unit).round(), total, "{full}");
         if rest > 0.0 {
@@ -454,6 +593,9 @@ mod tests {
             (SyntheticShape::Qwen2_5_0_5B, Architecture::Qwen2, 24, 896, 14, 2, 64, 4864, 151936, 1e6, 1e-6, 32768, (1e7, 49.0, 36.0)),
             (SyntheticShape::SmolLm2_1_7B, Architecture::Llama, 24, 2048, 32, 32, 64, 8192, 49152, 130_000.0, 1e-5, 8192, (1e7, 171.0, 0.0)),
             (SyntheticShape::Qwen2_5_3B, Architecture::Qwen2, 36, 2048, 16, 2, 128, 11008, 151936, 1e6, 1e-6, 32768, (1e7, 309.0, 277.0)),
+            (SyntheticShape::Llama3_2_1B, Architecture::Llama, 16, 2048, 32, 8, 64, 8192, 128256, 500_000.0, 1e-5, 131072, (1e7, 124.0, 0.0)),
+            (SyntheticShape::Qwen3_1_7B, Architecture::Qwen3, 28, 2048, 16, 8, 128, 6144, 151936, 1e6, 1e-6, 40960, (1e8, 17.0, 14.0)),
+            (SyntheticShape::Gemma3_1B, Architecture::Gemma3, 26, 1152, 4, 1, 256, 6912, 262144, 1e6, 1e-6, 32768, (1e6, 1000.0, 698.0)),
         ];
         for (shape, arch, layers, d, heads, kv, hd, ff, vocab, base, eps, ctx, params) in table {
             assert_eq!(shape.params().n_layers, layers, "{shape}");
@@ -501,16 +643,69 @@ mod tests {
                 for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
                     assert_eq!(m.ty, weights.matrix_type(), "{}", m.name);
                 }
+                let qk_norms = matches!(arch, Architecture::Qwen3 | Architecture::Gemma3);
+                let post_norms = arch == Architecture::Gemma3;
+                let rope_freqs = shape == SyntheticShape::Llama3_2_1B;
                 assert_eq!(l.bq.is_some(), arch == Architecture::Qwen2);
+                assert_eq!(c.block.qk_norm, qk_norms, "{shape}");
+                assert_eq!(l.q_norm.is_some() && l.k_norm.is_some(), qk_norms);
+                assert_eq!(c.block.post_norms, post_norms, "{shape}");
+                assert_eq!(
+                    l.post_attn_norm.is_some() && l.post_ffn_norm.is_some(),
+                    post_norms
+                );
+                assert_eq!(c.ropes[0].freq_factors.is_some(), rope_freqs, "{shape}");
                 let f32s = model
                     .gguf
                     .tensors
                     .iter()
                     .filter(|t| t.ty == TensorType::F32)
                     .count();
-                assert_eq!(f32s, if arch == Architecture::Qwen2 { 6 } else { 3 });
+                let expected = 3
+                    + 3 * usize::from(arch == Architecture::Qwen2)
+                    + 2 * usize::from(qk_norms)
+                    + 2 * usize::from(post_norms)
+                    + usize::from(rope_freqs);
+                assert_eq!(f32s, expected, "{shape}");
             }
         }
+    }
+
+    #[test]
+    fn llama3_rope_factors_are_the_converters() {
+        let model = reduced(SyntheticShape::Llama3_2_1B, SyntheticWeights::Q4_0, 1);
+        let factors = model.config.ropes[0].freq_factors.as_ref().unwrap();
+        assert_eq!(factors.len(), 32);
+        // Computed by scripts/make_test_models.py's llama3_rope_factors (float32 arithmetic)
+        // for Llama 3.2's rope_scaling and rope_theta.
+        let expected: &[(usize, f32)] = &[
+            (0, 1.0),
+            (14, 1.0),
+            (15, 1.651_329_3),
+            (16, 3.292_262_8),
+            (17, 9.666_731),
+            (18, 32.0),
+            (31, 32.0),
+        ];
+        for &(i, f) in expected {
+            assert_eq!(factors[i], f, "factor {i}");
+        }
+    }
+
+    #[test]
+    fn gemma3_has_its_windows_and_ropes() {
+        let model = reduced(SyntheticShape::Gemma3_1B, SyntheticWeights::Q4_0, 6);
+        let c = &model.config;
+        let bases: Vec<f32> = c.ropes.iter().map(|r| r.base).collect();
+        assert_eq!(bases, [1e6, 10_000.0]);
+        let windows: Vec<Option<usize>> = c.layers.iter().map(|l| l.window).collect();
+        assert_eq!(
+            windows,
+            [Some(512), Some(512), Some(512), Some(512), Some(512), None]
+        );
+        assert_eq!(c.block.attention_scale, 1.0 / 16.0);
+        assert_eq!(c.block.activation, crate::config::Activation::GeluTanh);
+        assert_eq!(c.block.embedding_scale, Some((1152f64).sqrt() as f32));
     }
 
     #[test]
@@ -577,6 +772,47 @@ mod tests {
                 );
             }
             assert_ne!(rows[0], rows[1]);
+        }
+    }
+
+    /// The newer blocks (llama3 rope factors, q/k norms, post-norms and GELU, sliding windows)
+    /// through a CPU forward pass: finite, varied logits. Gemma 3 with six layers (five local,
+    /// one global) and a window of 2, so that the window cuts into a short prompt.
+    #[test]
+    fn the_newer_shapes_forward_to_finite_logits() {
+        for (shape, n_layers) in [
+            (SyntheticShape::Llama3_2_1B, 2),
+            (SyntheticShape::Qwen3_1_7B, 2),
+            (SyntheticShape::Gemma3_1B, 6),
+        ] {
+            let mut p = shape.params();
+            p.n_layers = n_layers;
+            if p.sliding_window.is_some() {
+                p.sliding_window = Some(2);
+            }
+            let bytes = build(&p, shape.name(), SyntheticWeights::Q4_0, 7).unwrap();
+            let model = Model::load(ModelBytes::Owned(bytes)).unwrap();
+            let mut session = CpuSession::new(&model, 8);
+            let mut rows = Vec::new();
+            session
+                .forward(&model, &[1, 2, 3, 4], Logits::Last, |_, l| {
+                    rows.push(l.to_vec())
+                })
+                .unwrap();
+            session
+                .forward(&model, &[5], Logits::Last, |_, l| rows.push(l.to_vec()))
+                .unwrap();
+            assert_eq!(rows.len(), 2);
+            for l in &rows {
+                assert!(l.iter().all(|v| v.is_finite()), "{shape}");
+                let max = l.iter().fold(f32::MIN, |a, &b| a.max(b));
+                let min = l.iter().fold(f32::MAX, |a, &b| a.min(b));
+                assert!(
+                    max - min > 0.5 && max.abs() < 100.0,
+                    "{shape}: {min}..{max}"
+                );
+            }
+            assert_ne!(rows[0], rows[1], "{shape}");
         }
     }
 

@@ -1,0 +1,309 @@
+//! Running recorded plans: prefill chunks, greedy decode passes (one queued ahead, their ids
+//! read back through two staging buffers), waiting for and reading back results.
+use super::{GpuSession, Output, LOGITS_CHUNK};
+use crate::context::{GpuContext, MapRequest};
+use crate::error::{GpuError, Result};
+use crate::plan::Plan;
+use crate::profile::Profiler;
+use lean::LeanError;
+use std::collections::VecDeque;
+
+/// The ids that greedy decode passes produce, on their way back: each pass copies its argmax
+/// into one of two staging buffers in its own command buffer and asks for the map right after
+/// its submit, so an id costs no extra submit and a next pass can be queued before it is read.
+pub(super) struct DecodedIds {
+    staging: [wgpu::Buffer; 2],
+    /// Passes whose id is still to be read, oldest first.
+    pending: VecDeque<PendingId>,
+}
+
+struct PendingId {
+    slot: usize,
+    submission: wgpu::SubmissionIndex,
+    map: MapRequest,
+}
+
+impl DecodedIds {
+    pub(super) fn new(ctx: &GpuContext) -> Self {
+        let staging = || {
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("decoded id"),
+                size: 4,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        };
+        DecodedIds {
+            staging: [staging(), staging()],
+            pending: VecDeque::new(),
+        }
+    }
+}
+
+/// LEAN_GPU_TRACE=1 prints the time of each decode step's phases to stderr (natively: a
+/// browser has neither the variable nor std's clock).
+fn trace() -> bool {
+    static TRACE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TRACE.get_or_init(|| {
+        !cfg!(target_arch = "wasm32") && std::env::var_os("LEAN_GPU_TRACE").is_some()
+    })
+}
+
+impl GpuSession {
+    /// Runs one chunk (at most `self.chunk` tokens; LOGITS_CHUNK for `Output::All`) at the
+    /// current position.
+    pub(super) fn run_chunk(&mut self, tokens: &[u32], output: Output) -> Result<()> {
+        let n = tokens.len();
+        self.ctx
+            .queue
+            .write_buffer(&self.act.ids, 0, bytemuck::cast_slice(tokens));
+        self.step.set(&self.ctx, self.pos)?;
+        if n == 1 && output == Output::Last {
+            if self.decode_plan.is_none() {
+                self.decode_plan = Some(self.record(1, Output::Last)?);
+            }
+            let plan = self.decode_plan.as_ref().expect("recorded above");
+            if trace() {
+                // Where a decode step's time goes: encoding (CPU), submit, GPU + readback.
+                let t = std::time::Instant::now();
+                let mut encoder = self.ctx.device.create_command_encoder(&Default::default());
+                plan.encode(&mut encoder);
+                let buffer = encoder.finish();
+                let encoded = t.elapsed();
+                self.ctx.queue.submit([buffer]);
+                let submitted = t.elapsed();
+                self.ctx
+                    .device
+                    .poll(wgpu::PollType::wait_indefinitely())
+                    .map_err(|e| GpuError::Device(e.to_string()))?;
+                eprintln!(
+                    "lean-gpu trace: {} dispatches · encode {:?} · submit {:?} · gpu wait {:?}",
+                    plan.len(),
+                    encoded,
+                    submitted - encoded,
+                    t.elapsed() - submitted
+                );
+            } else {
+                Self::submit_plan(&self.ctx, &mut self.profiler, plan, "decode");
+            }
+        } else {
+            if output == Output::All && self.act.logits_all.is_none() {
+                self.act.logits_all = Some(
+                    self.ctx
+                        .storage_f32("logits (all)", LOGITS_CHUNK * self.model.config.vocab_size),
+                );
+            }
+            let plan = self.record(n, output)?;
+            let phase = format!("prefill chunk of {n}");
+            Self::submit_plan(&self.ctx, &mut self.profiler, &plan, &phase);
+        }
+        self.ctx.take_error()?;
+        self.pos += n;
+        Ok(())
+    }
+
+    /// Submits `plan` in a command buffer of its own (profiled, and then waited for, when the
+    /// session profiles).
+    fn submit_plan(ctx: &GpuContext, profiler: &mut Option<Profiler>, plan: &Plan, phase: &str) {
+        let Some(profiler) = profiler else {
+            plan.submit(ctx);
+            return;
+        };
+        let mut encoder = ctx.device.create_command_encoder(&Default::default());
+        let profiled = profiler.encode(plan, &mut encoder);
+        ctx.queue.submit([encoder.finish()]);
+        if let Some(n) = profiled {
+            profiler.collect(ctx, phase, plan, n);
+        }
+    }
+
+    /// Waits for the submitted work and resolves a readback, blocking this thread (natively).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(super) fn wait<T>(
+        &self,
+        future: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        self.ctx
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuError::Device(e.to_string()))?;
+        let value = pollster::block_on(future)?;
+        self.ctx.take_error()?;
+        Ok(value)
+    }
+
+    /// A browser cannot block: its readbacks complete on the event loop, so the synchronous
+    /// entry points refuse and name the asynchronous ones.
+    #[cfg(target_arch = "wasm32")]
+    pub(super) fn wait<T>(
+        &self,
+        _future: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        Err(GpuError::Readback(
+            "WebGPU results arrive asynchronously: use Engine::begin_async / step_async".into(),
+        ))
+    }
+
+    /// Awaits a readback of the submitted work (never blocks).
+    pub(super) async fn settle<T>(
+        &self,
+        future: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let value = future.await?;
+        self.ctx.take_error()?;
+        Ok(value)
+    }
+
+    /// Forgets a pass queued ahead: the next pass overwrites its cache position.
+    pub(super) fn discard_ahead(&mut self) {
+        if self.ahead.take().is_some() {
+            self.pos -= 1;
+        }
+    }
+
+    /// Greedy decoding of `token` (see `Session::decode_argmax`): its pass is queued (unless it
+    /// already is, ahead), then with `queue_next` the pass of its result, chained on the device
+    /// (the previous pass copied its argmax into the ids buffer), and only then is the id read.
+    pub(super) async fn decode(&mut self, token: u32, queue_next: bool) -> Result<u32> {
+        let t = trace().then(std::time::Instant::now);
+        match self.ahead.take() {
+            Some(queued) if queued == token => {}
+            other => {
+                if other.is_some() {
+                    self.pos -= 1;
+                }
+                self.drain().await?;
+                self.submit_decode(Some(token)).await?;
+            }
+        }
+        let queued = queue_next && self.pos < self.capacity;
+        if queued {
+            self.submit_decode(None).await?;
+        }
+        let submitted = t.map(|t| t.elapsed());
+        let id = self.read_oldest().await?;
+        if let (Some(t), Some(submitted)) = (t, submitted) {
+            eprintln!(
+                "lean-gpu trace: decode · encode + submit {submitted:?} · wait for the id {:?}",
+                t.elapsed() - submitted
+            );
+        }
+        if queued {
+            self.ahead = Some(id);
+        }
+        Ok(id)
+    }
+
+    /// Queues the decode pass of one token at `self.pos`: `token`, or with `None` the argmax of
+    /// the pass before (copied into the ids buffer by that pass).
+    async fn submit_decode(&mut self, token: Option<u32>) -> Result<()> {
+        // Both staging slots busy: only with passes whose ids nobody wants any more.
+        while self.decoded.pending.len() >= 2 {
+            self.read_oldest().await?;
+        }
+        let slot = match self.decoded.pending.front() {
+            Some(p) => 1 - p.slot,
+            None => 0,
+        };
+        if let Some(token) = token {
+            self.ctx
+                .queue
+                .write_buffer(&self.act.ids, 0, bytemuck::bytes_of(&token));
+        }
+        self.step.set(&self.ctx, self.pos)?;
+        if self.decode_plan.is_none() {
+            self.decode_plan = Some(self.record(1, Output::Last)?);
+        }
+        let plan = self.decode_plan.as_ref().expect("recorded above");
+        let mut encoder = self
+            .ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("lean decode"),
+            });
+        let profiled = match &self.profiler {
+            Some(profiler) => profiler.encode(plan, &mut encoder),
+            None => {
+                plan.encode(&mut encoder);
+                None
+            }
+        };
+        encoder.copy_buffer_to_buffer(&self.act.argmax, 0, &self.act.ids, 0, 4);
+        encoder.copy_buffer_to_buffer(&self.act.argmax, 0, &self.decoded.staging[slot], 0, 4);
+        let submission = self.ctx.queue.submit([encoder.finish()]);
+        if let (Some(profiler), Some(n)) = (self.profiler.as_mut(), profiled) {
+            profiler.collect(&self.ctx, "decode", plan, n);
+        }
+        let map = self.ctx.request_map(&self.decoded.staging[slot]);
+        self.decoded.pending.push_back(PendingId {
+            slot,
+            submission,
+            map,
+        });
+        self.ctx.take_error()?;
+        self.pos += 1;
+        Ok(())
+    }
+
+    /// The id of the oldest pending decode pass. Natively this blocks until that submission is
+    /// done (passes queued after it keep running); in a browser the poll is a no-op and the map
+    /// callback arrives through the event loop.
+    async fn read_oldest(&mut self) -> Result<u32> {
+        let p = self
+            .decoded
+            .pending
+            .pop_front()
+            .ok_or_else(|| GpuError::Readback("no decode pass to read".into()))?;
+        self.ctx
+            .device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(p.submission),
+                timeout: None,
+            })
+            .map_err(|e| GpuError::Device(e.to_string()))?;
+        let bytes = self
+            .ctx
+            .read_mapped(&p.map, &self.decoded.staging[p.slot], 4)
+            .await?;
+        self.ctx.take_error()?;
+        Ok(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+    }
+
+    /// Reads (and drops) the ids of passes nobody waits for any more, freeing their slots.
+    async fn drain(&mut self) -> Result<()> {
+        while !self.decoded.pending.is_empty() {
+            self.read_oldest().await?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn check(&self, tokens: &[u32]) -> lean::Result<()> {
+        let vocab = self.model.config.vocab_size;
+        if tokens.is_empty() {
+            return Err(LeanError::InvalidArgument("no tokens to run".into()));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(LeanError::InvalidArgument(format!(
+                "token id {bad} is outside the vocabulary ({vocab})"
+            )));
+        }
+        // A pass queued ahead for this very token is not counted twice.
+        let pos = self.pos - usize::from(self.ahead.is_some());
+        if pos + tokens.len() > self.capacity {
+            return Err(LeanError::PromptTooLong {
+                prompt_tokens: pos + tokens.len(),
+                context_length: self.capacity,
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs all chunks but the last without output; returns the last chunk.
+    pub(super) fn run_prefix<'t>(&mut self, tokens: &'t [u32]) -> Result<&'t [u32]> {
+        let last_start = (tokens.len() - 1) / self.chunk * self.chunk;
+        for chunk in tokens[..last_start].chunks(self.chunk) {
+            self.run_chunk(chunk, Output::Nothing)?;
+        }
+        Ok(&tokens[last_start..])
+    }
+}
