@@ -18,6 +18,7 @@ scripts/build.sh
 [ -x node_modules/.bin/tsc ] || npm ci --no-audit --no-fund
 npm run build -w lean-js
 npm run build -w lean-demo
+node scripts/build-site.mjs   # _site/: the static site (tests/demo.spec.js serves it with scripts/serve-site.mjs)
 
 # The Vite app, built before the one Playwright run so that its report holds every test. When
 # building it fails (e.g. npm's registry unreachable with nothing cached), its tests fail.

@@ -58,6 +58,8 @@ function serveModels(req, res, next) {
 }
 
 export default defineConfig({
+  // Relative asset URLs: the built site (dist/, and _site/ at the root) works from any sub-path.
+  base: "./",
   server: { headers: isolation },
   preview: { headers: isolation },
   plugins: [

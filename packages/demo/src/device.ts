@@ -31,6 +31,26 @@ table(
   }),
 );
 
+// What `auto` (lean-js's default) runs here, and how the page got (or did not get) isolation.
+try {
+  const auto = chooseBackend("auto", caps, installedBuilds);
+  const choice = document.getElementById("auto-choice")!;
+  const strong = document.createElement("strong");
+  strong.textContent = auto.backend;
+  choice.replaceChildren("With backend \"auto\" (the default), lean-js runs ", strong, ` here: ${auto.reason}.`);
+  document.body.dataset.autoBackend = auto.backend;
+} catch (e) {
+  document.getElementById("auto-choice")!.textContent = `No backend can run here: ${e instanceof Error ? e.message : String(e)}`;
+}
+const coi = (globalThis as { leanCoi?: { status: string; reason: string } }).leanCoi;
+document.getElementById("isolation")!.textContent = caps.crossOriginIsolated
+  ? coi?.status === "service-worker"
+    ? "Cross-origin isolated by the opt-in service worker (coi-sw.js, ?coi=1; ?coi=0 removes it)."
+    : "Cross-origin isolated by the server's COOP/COEP headers."
+  : "Not cross-origin isolated, so no threads backend: serve the page with Cross-Origin-Opener-Policy: same-origin and " +
+    "Cross-Origin-Embedder-Policy: require-corp (scripts/serve-site.mjs does), or open it with ?coi=1 to isolate it " +
+    `through a service worker${coi?.status === "failed" ? ` (tried here, and failed: ${coi.reason})` : ""}.`;
+
 table("capabilities", [
   ["Secure context", yesNo(caps.secureContext)],
   ["Cross-origin isolated (COOP + COEP)", yesNo(caps.crossOriginIsolated)],

@@ -99,6 +99,41 @@ struct RunArgs {
     /// Print one JSON object at the end (prompt ids, generated ids, text, timings) instead of streaming.
     #[arg(long)]
     json: bool,
+    /// Structured output: the reply is any JSON object.
+    #[arg(long, group = "constraint")]
+    json_object: bool,
+    /// Structured output: the reply is JSON valid under the JSON schema in this file.
+    #[arg(long, value_name = "FILE", group = "constraint")]
+    json_schema: Option<PathBuf>,
+    /// Structured output: the reply matches this regex in full.
+    #[arg(long, value_name = "RE", group = "constraint")]
+    regex: Option<String>,
+    /// Structured output: the reply follows the Lark grammar in this file (llguidance's dialect).
+    #[arg(long, value_name = "FILE", group = "constraint")]
+    grammar: Option<PathBuf>,
+}
+
+impl RunArgs {
+    /// The constraint the flags ask for, read from its file where it is one.
+    fn constraint(&self) -> CliResult<Option<lean_constraint::ConstraintSpec>> {
+        use lean_constraint::ConstraintSpec;
+        let read = |path: &Path| {
+            std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
+        };
+        Ok(if self.json_object {
+            Some(ConstraintSpec::JsonObject)
+        } else if let Some(path) = &self.json_schema {
+            let schema = serde_json::from_str(&read(path)?)
+                .map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
+            Some(ConstraintSpec::JsonSchema(schema))
+        } else if let Some(rx) = &self.regex {
+            Some(ConstraintSpec::Regex(rx.clone()))
+        } else if let Some(path) = &self.grammar {
+            Some(ConstraintSpec::Lark(read(path)?))
+        } else {
+            None
+        })
+    }
 }
 
 fn main() -> ExitCode {
@@ -303,6 +338,7 @@ fn run(args: RunArgs) -> CliResult {
             seed: args.seed,
         },
         stop_token_ids: None,
+        constraint: args.constraint()?,
     };
     let stream = !args.json;
     let mut stdout = std::io::stdout().lock();

@@ -506,7 +506,7 @@ fn bad_requests_get_openai_errors_and_the_server_goes_on() {
             "tool_choice",
         ),
         (
-            json!({"messages": user, "response_format": {"type": "json_object"}}),
+            json!({"messages": user, "response_format": {"type": "xml"}}),
             "response_format",
         ),
         (
@@ -648,4 +648,127 @@ fn a_client_that_hangs_up_frees_its_slot_and_an_overflow_gets_503() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(server.get("/health").body["queued"], 0);
+}
+
+/// `response_format` over real sockets: a json_schema reply is JSON valid under the schema and
+/// equals `lean-cli --json-schema FILE` (whole and streamed); json_object on the raw
+/// completions endpoint; a schema the constraint library rejects is a 400 naming the problem,
+/// and the server goes on.
+#[test]
+fn response_format_constrains_replies_and_a_rejected_schema_is_a_400() {
+    let Some(server) = Server::start(&["--ctx", "1024"]) else {
+        return;
+    };
+    let schema_file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../lean-constraint/tests/schemas/sentiment_enum.json");
+    let case: Value = serde_json::from_slice(&std::fs::read(&schema_file).unwrap()).unwrap();
+    let schema = case["schema"].clone();
+    let messages = json!([{"role": "user", "content": case["prompt"]}]);
+
+    // The CLI with the same schema (from a file holding the schema alone).
+    let file = std::env::temp_dir().join(format!("lean-serve-schema-{}.json", std::process::id()));
+    std::fs::write(&file, schema.to_string()).unwrap();
+    let messages_file = std::env::temp_dir().join(format!(
+        "lean-serve-schema-msgs-{}.json",
+        std::process::id()
+    ));
+    std::fs::write(&messages_file, messages.to_string()).unwrap();
+    let expected = cli(
+        &[
+            "--messages",
+            messages_file.to_str().unwrap(),
+            "--json-schema",
+            file.to_str().unwrap(),
+        ],
+        120,
+    );
+    let _ = std::fs::remove_file(&file);
+    let _ = std::fs::remove_file(&messages_file);
+    assert_eq!(expected["finish_reason"], "stop", "{expected}");
+
+    let request = json!({
+        "messages": messages, "max_tokens": 120, "temperature": 0,
+        "response_format": {"type": "json_schema",
+                            "json_schema": {"name": "sentiment", "schema": schema, "strict": true}},
+    });
+    let reply = server.post("/v1/chat/completions", &request);
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let choice = &reply.body["choices"][0];
+    let content = choice["message"]["content"].as_str().unwrap();
+    assert_eq!(content, expected["text"].as_str().unwrap());
+    assert_eq!(choice["finish_reason"], "stop");
+    let value: Value = serde_json::from_str(content).unwrap();
+    assert!(["positive", "negative", "neutral"].contains(&value["sentiment"].as_str().unwrap()));
+    let confidence = value["confidence"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&confidence), "{value}");
+    assert_eq!(value.as_object().unwrap().len(), 2, "{value}");
+
+    let mut streamed = request.clone();
+    streamed["stream"] = json!(true);
+    let (text, finish, _) =
+        collect_chat_stream(&server.stream("/v1/chat/completions", &streamed).all());
+    assert_eq!((text.as_str(), finish.as_str()), (content, "stop"));
+
+    // json_object on the raw completions endpoint.
+    let reply = server.post(
+        "/v1/completions",
+        &json!({"prompt": "A JSON object describing a red apple:", "max_tokens": 150,
+                "temperature": 0, "response_format": {"type": "json_object"}}),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let choice = &reply.body["choices"][0];
+    let text = choice["text"].as_str().unwrap();
+    assert!(text.starts_with('{'), "{text}");
+    if choice["finish_reason"] == "stop" {
+        assert!(
+            serde_json::from_str::<Value>(text).unwrap().is_object(),
+            "{text}"
+        );
+    }
+
+    // Rejected: an unknown type, a contradiction, a bad pattern; then a bad response_format.
+    for (schema, what) in [
+        (json!({"type": "strng"}), "strng"),
+        (
+            json!({"type": "string", "pattern": "[a-"}),
+            "unclosed character class",
+        ),
+        (
+            json!({"type": "integer", "minimum": 5, "maximum": 2}),
+            "json_schema",
+        ),
+    ] {
+        let reply = server.post(
+            "/v1/chat/completions",
+            &json!({"messages": messages, "response_format": {"type": "json_schema",
+                    "json_schema": {"name": "bad", "schema": schema}}}),
+        );
+        assert_error(&reply, 400, Some("response_format"), what);
+        assert_eq!(reply.body["error"]["code"], "invalid_response_format");
+        let message = reply.body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(what), "{message}");
+    }
+    let reply = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "response_format": {"type": "json_schema", "json_schema": []}}),
+    );
+    assert_error(
+        &reply,
+        400,
+        Some("response_format"),
+        "json_schema not an object",
+    );
+    let reply = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "ignore_eos": true, "max_tokens": 4,
+                "response_format": {"type": "json_object"}}),
+    );
+    assert_error(&reply, 400, Some("ignore_eos"), "ignore_eos with a format");
+
+    // The server goes on.
+    let reply = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": 2, "temperature": 0}),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.body);
 }

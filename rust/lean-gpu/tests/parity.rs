@@ -236,6 +236,7 @@ fn generate_async(
         max_tokens,
         sampling,
         stop_token_ids: Some(Vec::new()),
+        constraint: None,
     };
     pollster::block_on(async {
         let prompt = Prompt::Ids(prompt.to_vec());

@@ -205,6 +205,12 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// The `tokenizers` tokenizer inside: its model vocabulary, added tokens and decoder (what
+    /// lean-constraint needs to map every token to the bytes it stands for).
+    pub fn hf_tokenizer(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
     /// `bos_token` of tokenizer_config.json.
     pub fn bos_token(&self) -> Option<&str> {
         self.special_token("bos_token")

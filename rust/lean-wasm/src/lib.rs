@@ -371,6 +371,7 @@ impl From<OptionsJson> for GenerateOptions {
                 seed: o.seed,
             },
             stop_token_ids: o.stop_token_ids,
+            constraint: None,
         }
     }
 }

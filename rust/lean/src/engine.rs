@@ -11,8 +11,10 @@ use crate::error::{LeanError, Result};
 use crate::model::Model;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::session::{Logits, Session};
+use lean_constraint::{Constraint, ConstraintSpec, Vocabulary};
 use lean_tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// What to generate from.
 #[derive(Clone, Debug)]
@@ -33,6 +35,10 @@ pub struct GenerateOptions {
     /// Generation stops after any of these ids (the stop token is reported, its text is not).
     /// `None` means the tokenizer's end-of-sequence ids.
     pub stop_token_ids: Option<Vec<u32>>,
+    /// Constrained decoding: each step samples only among the tokens that keep the output
+    /// inside the constraint (a JSON schema, regex, grammar); the generation stops when the
+    /// output is complete. `None`: free text, and no mask work at all.
+    pub constraint: Option<ConstraintSpec>,
 }
 
 impl Default for GenerateOptions {
@@ -41,6 +47,7 @@ impl Default for GenerateOptions {
             max_tokens: 256,
             sampling: SamplingParams::default(),
             stop_token_ids: None,
+            constraint: None,
         }
     }
 }
@@ -118,6 +125,9 @@ pub struct Engine {
     /// The ids whose keys/values the session holds, position by position (its `position()`
     /// of them): what a later prompt may reuse.
     cached: Vec<u32>,
+    /// The vocabulary as the constraint library sees it (token bytes, trie), made on the first
+    /// constrained generation, with the stop ids it was made for.
+    constraint_vocab: Option<Arc<Vocabulary>>,
 }
 
 /// Wall-clock seconds, where the platform has a clock (wasm32-unknown-unknown has none in std).
@@ -159,6 +169,7 @@ impl Engine {
             session_owner: NO_SESSION_OWNER,
             // One id per cache position, allocated once: tokens never grow it.
             cached: Vec::with_capacity(ctx),
+            constraint_vocab: None,
         })
     }
 
@@ -341,10 +352,20 @@ impl Engine {
             });
         }
         let sampler = Sampler::new(options.sampling.clone())?;
+        let stop_ids = options
+            .stop_token_ids
+            .clone()
+            .unwrap_or_else(|| self.tokenizer.eos_token_ids());
+        let constraint = match &options.constraint {
+            Some(spec) => Some(self.compile_constraint(spec, &stop_ids)?),
+            None => None,
+        };
         // Plain greedy decoding needs only the argmax: a GPU session then reads back 4 bytes
-        // per token instead of the logits.
-        let argmax_only =
-            sampler.params().is_greedy() && sampler.params().repetition_penalty == 1.0;
+        // per token instead of the logits. A constraint needs the logits to mask them (a
+        // masked argmax on the device is not there yet).
+        let argmax_only = sampler.params().is_greedy()
+            && sampler.params().repetition_penalty == 1.0
+            && constraint.is_none();
         // The cache is only trusted while it and the session agree on its length.
         if self.cached.len() != self.session.position() {
             self.cached.clear();
@@ -363,11 +384,9 @@ impl Engine {
             ids: prompt_ids,
             text: String::new(),
             max_tokens: options.max_tokens,
-            stop_ids: options
-                .stop_token_ids
-                .clone()
-                .unwrap_or_else(|| self.tokenizer.eos_token_ids()),
+            stop_ids,
             sampler,
+            constraint,
             argmax_only,
             logits: vec![0f32; self.model.config.vocab_size],
             next_argmax: 0,
@@ -376,6 +395,28 @@ impl Engine {
             finish_reason: None,
             timings,
         })
+    }
+
+    /// Compiles `spec` against this engine's vocabulary with `stop_ids` as the tokens that end
+    /// the output. The vocabulary's byte map and trie are built on first use and kept. A schema,
+    /// regex or grammar the constraint library rejects is an `InvalidArgument` naming the problem.
+    pub fn compile_constraint(
+        &mut self,
+        spec: &ConstraintSpec,
+        stop_ids: &[u32],
+    ) -> Result<Constraint> {
+        let vocab = match &self.constraint_vocab {
+            Some(v) if v.stop_ids() == stop_ids => v.clone(),
+            _ => {
+                let v = Arc::new(
+                    Vocabulary::new(&self.tokenizer, self.model.config.vocab_size, stop_ids)
+                        .map_err(constraint_error)?,
+                );
+                self.constraint_vocab = Some(v.clone());
+                v
+            }
+        };
+        Constraint::new(&vocab, spec).map_err(constraint_error)
     }
 
     /// Produces the next token of `active`: runs the previous token through the model, samples,
@@ -471,11 +512,20 @@ impl Engine {
         let id = if active.argmax_only {
             active.next_argmax
         } else {
+            if let Some(constraint) = &mut active.constraint {
+                let mask = constraint.mask().map_err(constraint_error)?;
+                crate::sampling::apply_mask(&mut active.logits, mask);
+            }
             active.sampler.sample(&mut active.logits, &active.ids)
         };
         active.ids.push(id);
         if active.stop_ids.contains(&id) {
             return Ok(active.end(None, FinishReason::Stop));
+        }
+        let mut complete = false;
+        if let Some(constraint) = &mut active.constraint {
+            constraint.accept(id).map_err(constraint_error)?;
+            complete = constraint.is_complete();
         }
         let text = active
             .decoder
@@ -484,6 +534,10 @@ impl Engine {
         active.text.push_str(&text);
         let token = Some(TokenEvent { id, text });
         // Decided now rather than in the next step, so the caller learns it with the last token.
+        if complete {
+            // Nothing may follow: the constrained output is finished (no stop token generated).
+            return Ok(active.end(token, FinishReason::Stop));
+        }
         if active.token_ids().len() >= active.max_tokens {
             return Ok(active.end(token, FinishReason::Length));
         }
@@ -560,6 +614,8 @@ pub struct ActiveGeneration {
     max_tokens: usize,
     stop_ids: Vec<u32>,
     sampler: Sampler,
+    /// The constraint being followed, if any (its mask is applied before sampling).
+    constraint: Option<Constraint>,
     argmax_only: bool,
     /// The last forward's output: its logits, or only their argmax when that is all sampling needs.
     logits: Vec<f32>,
@@ -615,4 +671,8 @@ const NO_SESSION_OWNER: u64 = 0;
 fn new_session_owner() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(NO_SESSION_OWNER + 1);
     NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+fn constraint_error(e: lean_constraint::ConstraintError) -> LeanError {
+    LeanError::InvalidArgument(e.0)
 }

@@ -107,6 +107,23 @@ pub fn apply_repetition_penalty(logits: &mut [f32], seen: &[u32], penalty: f32) 
     }
 }
 
+/// Constrained decoding: every token whose bit is clear in `mask` (bit `i % 32` of word `i / 32`
+/// for token `i`) gets a logit of -inf, so that no sampler can pick it and greedy is the argmax
+/// over the allowed tokens. Tokens past the mask's end are disallowed.
+pub fn apply_mask(logits: &mut [f32], mask: &[u32]) {
+    for (w, chunk) in logits.chunks_mut(32).enumerate() {
+        let bits = mask.get(w).copied().unwrap_or(0);
+        if bits == u32::MAX {
+            continue;
+        }
+        for (b, l) in chunk.iter_mut().enumerate() {
+            if bits >> b & 1 == 0 {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
 /// Index of the largest logit; the first one on ties (as torch.argmax).
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;

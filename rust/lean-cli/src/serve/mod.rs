@@ -67,6 +67,12 @@ struct Server {
     model_name: String,
     truncate: bool,
     started: u64,
+    /// The model's logits (the vocabulary constraints are compiled over).
+    vocab_size: usize,
+    /// The vocabulary as the constraint library sees it, made on the first `response_format`
+    /// request: a schema is compiled here first, so that one the library rejects is a 400
+    /// before the request takes a slot.
+    constraint_vocab: std::sync::OnceLock<Result<Arc<lean_constraint::Vocabulary>, String>>,
 }
 
 pub fn run(args: ServeArgs) -> CliResult {
@@ -96,6 +102,7 @@ pub fn run(args: ServeArgs) -> CliResult {
         engines.len(),
         engines[0].context_length(),
     );
+    let vocab_size = engines[0].model.config.vocab_size;
     let server = Arc::new(Server {
         context_length: engines[0].context_length(),
         tokenizer: tok_source.load(&engines[0].model.gguf)?,
@@ -105,6 +112,8 @@ pub fn run(args: ServeArgs) -> CliResult {
             .map_or("model".into(), |s| s.to_string_lossy().into_owned()),
         truncate: args.truncation == "auto",
         started: unix_seconds(),
+        vocab_size,
+        constraint_vocab: std::sync::OnceLock::new(),
     });
     let app = Router::new()
         .route("/health", get(health))
@@ -240,6 +249,7 @@ async fn serve(
         max_tokens: prepared.max_tokens,
         sampling: request.sampling.clone(),
         stop_token_ids: None,
+        constraint: request.constraint.clone(),
     };
     if request.ignore_eos {
         options.stop_token_ids = Some(Vec::new());
@@ -276,6 +286,9 @@ impl Server {
     /// Tokenizes the prompt and checks that it and max_tokens fit in the context, dropping the
     /// oldest turns with `--truncation auto`. Without max_tokens, a chat may fill the context.
     fn prepare(&self, request: &Request) -> Result<Prepared, ApiError> {
+        if let Some(spec) = &request.constraint {
+            self.check_constraint(spec, request.ignore_eos)?;
+        }
         let tokenizer_error = |e: lean::tokenizer::TokenizerError| {
             ApiError::invalid(None, format!("cannot tokenize the prompt: {e}"))
         };
@@ -317,6 +330,46 @@ impl Server {
                 return Err(self.too_long(ids.len(), request.max_tokens, "messages"));
             }
         }
+    }
+
+    /// Compiles `response_format`'s constraint once to see that the library takes it: an error
+    /// is a 400 naming the problem (the slot's engine compiles it again for its generation).
+    fn check_constraint(
+        &self,
+        spec: &lean_constraint::ConstraintSpec,
+        ignore_eos: bool,
+    ) -> Result<(), ApiError> {
+        if ignore_eos {
+            return Err(ApiError::invalid(
+                Some("ignore_eos"),
+                "'ignore_eos' cannot be combined with 'response_format': a structured reply ends \
+                 where its format does",
+            ));
+        }
+        let vocab = self
+            .constraint_vocab
+            .get_or_init(|| {
+                lean_constraint::Vocabulary::new(
+                    &self.tokenizer,
+                    self.vocab_size,
+                    &self.tokenizer.eos_token_ids(),
+                )
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| {
+                ApiError::invalid(
+                    Some("response_format"),
+                    format!("structured output is not available for this model: {e}"),
+                )
+            })?;
+        lean_constraint::Constraint::new(vocab, spec)
+            .map(drop)
+            .map_err(|e| {
+                ApiError::invalid(Some("response_format"), e.to_string())
+                    .with_code("invalid_response_format")
+            })
     }
 
     fn too_long(&self, prompt_tokens: usize, max_tokens: Option<usize>, param: &str) -> ApiError {

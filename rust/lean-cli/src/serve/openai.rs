@@ -95,6 +95,8 @@ pub struct Request {
     pub stop: Vec<String>,
     /// lean's extra: generate past the end-of-turn tokens (fixed-length generations).
     pub ignore_eos: bool,
+    /// `response_format`'s constraint (JSON object or schema); `None` for free text.
+    pub constraint: Option<lean_constraint::ConstraintSpec>,
     pub stream: bool,
     pub include_usage: bool,
 }
@@ -231,6 +233,7 @@ pub fn parse_request(
         sampling,
         stop: parse_stop(fields.get("stop"))?,
         ignore_eos: fields.boolean("ignore_eos")?.unwrap_or(false),
+        constraint: parse_response_format(fields.get("response_format"))?,
         stream,
         include_usage,
     })
@@ -284,14 +287,6 @@ fn refuse_unsupported(fields: &Fields, endpoint: Endpoint) -> Result<(), ApiErro
             ));
         }
     }
-    if let Some(format) = fields.get("response_format") {
-        if format.get("type").and_then(Value::as_str) != Some("text") {
-            return Err(ApiError::unsupported(
-                "response_format",
-                "only {\"type\": \"text\"} (no JSON mode or schemas)",
-            ));
-        }
-    }
     if let Some(bias) = fields.get("logit_bias") {
         if bias.as_object().is_none_or(|b| !b.is_empty()) {
             return Err(ApiError::unsupported("logit_bias", "no logit bias"));
@@ -314,6 +309,68 @@ fn refuse_unsupported(fields: &Fields, endpoint: Endpoint) -> Result<(), ApiErro
         }
     }
     Ok(())
+}
+
+/// OpenAI's `response_format`: `{"type": "text"}` (free text), `{"type": "json_object"}` (any
+/// JSON object) or `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`.
+/// The schema is compiled later (a schema the library rejects is a 400 too, see
+/// `Server::check_constraint`); `strict` is accepted either way: the output always follows the
+/// schema.
+fn parse_response_format(
+    format: Option<&Value>,
+) -> Result<Option<lean_constraint::ConstraintSpec>, ApiError> {
+    use lean_constraint::ConstraintSpec;
+    let Some(format) = format else {
+        return Ok(None);
+    };
+    let param = Some("response_format");
+    let kind = format.get("type").and_then(Value::as_str).ok_or_else(|| {
+        ApiError::invalid(
+            param,
+            "'response_format' must be an object with a string 'type'",
+        )
+    })?;
+    match kind {
+        "text" => Ok(None),
+        "json_object" => Ok(Some(ConstraintSpec::JsonObject)),
+        "json_schema" => {
+            let Some(spec) = format.get("json_schema").and_then(Value::as_object) else {
+                return Err(ApiError::invalid(
+                    param,
+                    "'response_format.json_schema' must be an object with 'name' and 'schema'",
+                ));
+            };
+            if spec.get("name").is_some_and(|n| !n.is_string()) {
+                return Err(ApiError::invalid(
+                    param,
+                    "'response_format.json_schema.name' must be a string",
+                ));
+            }
+            if spec.get("strict").is_some_and(|s| !s.is_boolean() && !s.is_null()) {
+                return Err(ApiError::invalid(
+                    param,
+                    "'response_format.json_schema.strict' must be a boolean",
+                ));
+            }
+            match spec.get("schema") {
+                Some(schema @ (Value::Object(_) | Value::Bool(_))) => {
+                    Ok(Some(ConstraintSpec::JsonSchema(schema.clone())))
+                }
+                // OpenAI's default: any JSON value... but an object is what callers mean.
+                None | Some(Value::Null) => Ok(Some(ConstraintSpec::JsonObject)),
+                Some(other) => Err(ApiError::invalid(
+                    param,
+                    format!("'response_format.json_schema.schema' must be a JSON schema object, got {other}"),
+                )),
+            }
+        }
+        other => Err(ApiError::invalid(
+            param,
+            format!(
+                "'response_format.type' must be 'text', 'json_object' or 'json_schema', got '{other}'"
+            ),
+        )),
+    }
 }
 
 fn parse_messages(messages: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
@@ -654,7 +711,11 @@ mod tests {
             ("logprobs", json!(true)),
             ("tools", json!([{"type": "function"}])),
             ("tool_choice", json!("auto")),
-            ("response_format", json!({"type": "json_object"})),
+            ("response_format", json!({"type": "xml"})),
+            (
+                "response_format",
+                json!({"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}),
+            ),
             ("logit_bias", json!({"50256": -100})),
             ("presence_penalty", json!(0.5)),
             ("frequency_penalty", json!(-1)),
