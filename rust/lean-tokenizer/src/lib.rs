@@ -72,6 +72,11 @@ impl Tokenizer {
         tokenizer_config: Option<&[u8]>,
         chat_template: Option<&str>,
     ) -> Result<Tokenizer, TokenizerError> {
+        // The syntax first: tokenizers 0.22 panics (an `expect` in its decoder's deserializer)
+        // on a syntax error inside the "decoder" object instead of returning it (found by
+        // fuzzing: fuzz/corpus/tokenizer_json/decoder-syntax-error.json).
+        serde_json::from_slice::<serde::de::IgnoredAny>(tokenizer_json)
+            .map_err(|e| TokenizerError::TokenizerJson(e.to_string()))?;
         let inner = tokenizers::Tokenizer::from_bytes(tokenizer_json)
             .map_err(|e| TokenizerError::TokenizerJson(e.to_string()))?;
         let config = match tokenizer_config {
