@@ -80,6 +80,10 @@ struct RunArgs {
     /// A JSON file with an OpenAI-style array of {"role", "content"} messages (multi-turn chat).
     #[arg(long)]
     messages: Option<PathBuf>,
+    /// Extra chat-template variables, a JSON object: e.g. '{"enable_thinking": false}' (Qwen3),
+    /// '{"date_string": "26 Jul 2024"}' (Llama 3.x).
+    #[arg(long, value_name = "JSON")]
+    template_kwargs: Option<String>,
     /// Most tokens to generate.
     #[arg(long, short = 'n', default_value_t = 256)]
     tokens: usize,
@@ -308,6 +312,20 @@ fn run(args: RunArgs) -> CliResult {
         }
     };
 
+    let template_kwargs = match &args.template_kwargs {
+        None => None,
+        Some(text) => match serde_json::from_str(text) {
+            Ok(serde_json::Value::Object(map)) => Some(map),
+            Ok(other) => {
+                return Err(format!("--template-kwargs must be a JSON object, got {other}").into())
+            }
+            Err(e) => return Err(format!("--template-kwargs is not valid JSON: {e}").into()),
+        },
+    };
+    if template_kwargs.is_some() && matches!(prompt, Prompt::Raw(_)) {
+        return Err("--template-kwargs applies to chat prompts, not --raw".into());
+    }
+
     let (model, load_seconds) = load_model(&args.common)?;
     let t = Instant::now();
     let tokenizer = tok_source.load(&model.gguf)?;
@@ -339,6 +357,13 @@ fn run(args: RunArgs) -> CliResult {
         },
         stop_token_ids: None,
         constraint: args.constraint()?,
+    };
+    // A chat with extra template variables is rendered here and goes in as ids.
+    let prompt = match (&prompt, &template_kwargs) {
+        (Prompt::Chat(messages), Some(kwargs)) => {
+            Prompt::Ids(engine.tokenizer.encode_chat_with(messages, true, kwargs)?)
+        }
+        _ => prompt,
     };
     let stream = !args.json;
     let mut stdout = std::io::stdout().lock();

@@ -388,3 +388,39 @@ fn a_gguf_without_tokenizer_metadata_asks_for_a_tokenizer() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `--template-kwargs` reaches the chat template: Llama 3.2's prints today's date unless given
+/// `date_string`; with the date the reference was made on, the prompt ids are the reference's.
+#[test]
+fn template_kwargs_reach_the_chat_template() {
+    let Some(m) = models() else { return };
+    let model = m.join("llama-3.2-1b-random-q8_0.gguf");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../fixtures/hf/llama-3.2-1b-random-q8_0.json"
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let case = doc["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "chat_short")
+        .unwrap();
+    let prompt = case["messages"][0]["content"].as_str().unwrap();
+    let model = model.to_str().unwrap();
+    let base = ["--model", model, "--json", "--tokens", "1", "-p", prompt];
+    let kwargs = r#"{"date_string": "26 Jul 2024"}"#;
+    let (ok, stdout, stderr) = lean(&[&base[..], &["--template-kwargs", kwargs]].concat());
+    assert!(ok, "{stderr}");
+    let out: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(ids(&out["prompt_ids"]), ids(&case["prompt_ids"]));
+
+    for (bad, why) in [
+        ("[1]", "must be a JSON object"),
+        ("{", "not valid JSON"),
+        (r#"{"messages": []}"#, "may not set 'messages'"),
+    ] {
+        let (ok, _, stderr) = lean(&[&base[..], &["--template-kwargs", bad]].concat());
+        assert!(!ok && stderr.contains(why), "{bad}: {stderr}");
+    }
+}

@@ -122,6 +122,7 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
         special_tokens: &[(&'static str, String)],
+        kwargs: &serde_json::Map<String, Json>,
     ) -> Result<String, TokenizerError> {
         let mut context: Vec<(&str, Value)> = vec![
             ("messages", Value::from_serialize(messages)),
@@ -133,6 +134,12 @@ impl ChatTemplate {
             special_tokens
                 .iter()
                 .map(|(name, text)| (*name, Value::from(text.as_str()))),
+        );
+        // Last, so that they win, as transformers' `apply_chat_template(**kwargs)`.
+        context.extend(
+            kwargs
+                .iter()
+                .map(|(name, value)| (name.as_str(), Value::from_serialize(value))),
         );
         let context: Value = context.into_iter().collect();
         let template = self
@@ -694,7 +701,52 @@ mod tests {
     /// Renders `source` over `messages` through the limits real chats run under.
     fn render_chat(source: &str, messages: &[ChatMessage]) -> Result<String, TokenizerError> {
         let chat = ChatTemplate::compile(source.to_string())?;
-        chat.render(messages, true, &[("eos_token", "</s>".into())])
+        chat.render(
+            messages,
+            true,
+            &[("eos_token", "</s>".into())],
+            &Default::default(),
+        )
+    }
+
+    #[test]
+    fn extra_variables_reach_the_template_and_win_over_special_tokens() {
+        // Qwen3's switch, as its template writes it.
+        let qwen3 = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+            {% if add_generation_prompt %}<|im_start|>assistant\n\
+            {% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}{{ eos_token }}";
+        let chat = ChatTemplate::compile(qwen3.to_string()).unwrap();
+        let hi = [ChatMessage::new("user", "hi")];
+        let specials = [("eos_token", "</s>".to_string())];
+        let render = |kwargs: serde_json::Value| {
+            let serde_json::Value::Object(kwargs) = kwargs else {
+                unreachable!()
+            };
+            chat.render(&hi, true, &specials, &kwargs).unwrap()
+        };
+        let thinking = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n</s>";
+        assert_eq!(render(serde_json::json!({})), thinking);
+        assert_eq!(
+            render(serde_json::json!({"enable_thinking": true})),
+            thinking
+        );
+        assert_eq!(
+            render(serde_json::json!({"enable_thinking": false, "eos_token": "<eos>"})),
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n<eos>"
+        );
+
+        // Llama 3.x prints today's date unless `date_string` is given.
+        let llama = include_str!("../../../scripts/llama-3.2-chat-template.jinja");
+        let chat = ChatTemplate::compile(llama.to_string()).unwrap();
+        chat.set_time(Some(1_722_470_400)); // 2024-08-01
+        let kwargs = serde_json::json!({"date_string": "26 Jul 2024"});
+        let serde_json::Value::Object(kwargs) = kwargs else {
+            unreachable!()
+        };
+        let dated = chat.render(&hi, true, &[], &kwargs).unwrap();
+        assert!(dated.contains("Today Date: 26 Jul 2024"), "{dated}");
+        let today = chat.render(&hi, true, &[], &Default::default()).unwrap();
+        assert!(today.contains("Today Date: 01 Aug 2024"), "{today}");
     }
 
     #[test]

@@ -262,6 +262,27 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        self.apply_chat_template_with(messages, add_generation_prompt, &serde_json::Map::new())
+    }
+
+    /// `apply_chat_template` with extra template variables, as transformers'
+    /// `apply_chat_template(..., **kwargs)` (OpenAI servers' `chat_template_kwargs`): e.g.
+    /// Qwen3's `enable_thinking: false`, Llama 3.x's `date_string`. They override the special
+    /// tokens' names; `messages` and `add_generation_prompt` are refused.
+    pub fn apply_chat_template_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, Json>,
+    ) -> Result<String, TokenizerError> {
+        if let Some(name) = ["messages", "add_generation_prompt"]
+            .into_iter()
+            .find(|name| kwargs.contains_key(*name))
+        {
+            return Err(TokenizerError::Template(format!(
+                "the chat template's extra variables may not set '{name}'"
+            )));
+        }
         let chat = self.chat.as_ref().map_err(Clone::clone)?;
         if messages.is_empty() {
             // transformers refuses too, before rendering.
@@ -269,7 +290,12 @@ impl Tokenizer {
                 "cannot apply the chat template to an empty conversation".into(),
             ));
         }
-        chat.render(messages, add_generation_prompt, &self.special_tokens)
+        chat.render(
+            messages,
+            add_generation_prompt,
+            &self.special_tokens,
+            kwargs,
+        )
     }
 
     /// The ids of transformers' `apply_chat_template(..., tokenize=True)`: the rendered text
@@ -279,7 +305,17 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
-        let text = self.apply_chat_template(messages, add_generation_prompt)?;
+        self.encode_chat_with(messages, add_generation_prompt, &serde_json::Map::new())
+    }
+
+    /// `encode_chat` with extra template variables (`apply_chat_template_with`).
+    pub fn encode_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, Json>,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let text = self.apply_chat_template_with(messages, add_generation_prompt, kwargs)?;
         self.encode(&text, false)
     }
 

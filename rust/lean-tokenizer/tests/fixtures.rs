@@ -545,3 +545,23 @@ fn tokenizer_can_be_shared_between_threads() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Tokenizer>();
 }
+
+#[test]
+fn chat_template_extra_variables_may_not_replace_the_conversation() {
+    let Some(models) = models_dir() else { return };
+    let tok = load(&models, "smollm2-135m-instruct");
+    let hi = [ChatMessage::new("user", "hi")];
+    for name in ["messages", "add_generation_prompt"] {
+        let mut kwargs = serde_json::Map::new();
+        kwargs.insert(name.into(), serde_json::json!([]));
+        let err = tok.encode_chat_with(&hi, true, &kwargs).unwrap_err();
+        assert!(err.to_string().contains(name), "{err}");
+    }
+    // Variables the template does not read change nothing.
+    let mut kwargs = serde_json::Map::new();
+    kwargs.insert("enable_thinking".into(), serde_json::json!(false));
+    assert_eq!(
+        tok.encode_chat_with(&hi, true, &kwargs).unwrap(),
+        tok.encode_chat(&hi, true).unwrap()
+    );
+}

@@ -317,7 +317,7 @@ impl Server {
         loop {
             let ids = self
                 .tokenizer
-                .encode_chat(&kept, true)
+                .encode_chat_with(&kept, true, &request.template_kwargs)
                 .map_err(tokenizer_error)?;
             if let Some(max_tokens) = room(ids.len()) {
                 return Ok(Prepared {

@@ -97,6 +97,9 @@ pub struct Request {
     pub ignore_eos: bool,
     /// `response_format`'s constraint (JSON object or schema); `None` for free text.
     pub constraint: Option<lean_constraint::ConstraintSpec>,
+    /// `chat_template_kwargs` (vLLM's and llama.cpp's name): extra variables of the chat
+    /// template, e.g. Qwen3's `{"enable_thinking": false}`.
+    pub template_kwargs: Map<String, Value>,
     pub stream: bool,
     pub include_usage: bool,
 }
@@ -234,9 +237,30 @@ pub fn parse_request(
         stop: parse_stop(fields.get("stop"))?,
         ignore_eos: fields.boolean("ignore_eos")?.unwrap_or(false),
         constraint: parse_response_format(fields.get("response_format"))?,
+        template_kwargs: parse_template_kwargs(fields.get("chat_template_kwargs"), endpoint)?,
         stream,
         include_usage,
     })
+}
+
+/// `chat_template_kwargs`: an object of extra chat-template variables (chat completions only).
+fn parse_template_kwargs(
+    kwargs: Option<&Value>,
+    endpoint: Endpoint,
+) -> Result<Map<String, Value>, ApiError> {
+    let param = Some("chat_template_kwargs");
+    match (kwargs, endpoint) {
+        (None, _) => Ok(Map::new()),
+        (Some(_), Endpoint::Completion) => Err(ApiError::invalid(
+            param,
+            "'chat_template_kwargs' applies to /v1/chat/completions only (a completion has no template)",
+        )),
+        (Some(Value::Object(map)), Endpoint::Chat) => Ok(map.clone()),
+        (Some(other), Endpoint::Chat) => Err(ApiError::invalid(
+            param,
+            format!("'chat_template_kwargs' must be an object of template variables, got {other}"),
+        )),
+    }
 }
 
 /// Parameters that would change the output in ways lean does not implement: refused by name
@@ -647,6 +671,30 @@ mod tests {
 
     fn parse(endpoint: Endpoint, body: Value) -> Result<Request, ApiError> {
         parse_request(endpoint, body.to_string().as_bytes(), 1024)
+    }
+
+    #[test]
+    fn chat_template_kwargs_are_an_object_of_a_chat() {
+        let messages = json!([{"role": "user", "content": "hi"}]);
+        let request = parse(
+            Endpoint::Chat,
+            json!({"messages": messages, "chat_template_kwargs": {"enable_thinking": false}}),
+        )
+        .unwrap();
+        assert_eq!(request.template_kwargs["enable_thinking"], json!(false));
+        let bad = parse(
+            Endpoint::Chat,
+            json!({"messages": messages, "chat_template_kwargs": [1]}),
+        );
+        assert_eq!(
+            bad.err().unwrap().param.as_deref(),
+            Some("chat_template_kwargs")
+        );
+        let completion = parse(
+            Endpoint::Completion,
+            json!({"prompt": "hi", "chat_template_kwargs": {"enable_thinking": false}}),
+        );
+        assert!(completion.is_err());
     }
 
     fn error_param(body: Value) -> Option<String> {
