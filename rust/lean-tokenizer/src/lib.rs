@@ -72,10 +72,11 @@ impl Tokenizer {
         tokenizer_config: Option<&[u8]>,
         chat_template: Option<&str>,
     ) -> Result<Tokenizer, TokenizerError> {
-        // The syntax first: tokenizers 0.22 panics (an `expect` in its decoder's deserializer)
-        // on a syntax error inside the "decoder" object instead of returning it (found by
-        // fuzzing: fuzz/corpus/tokenizer_json/decoder-syntax-error.json).
-        serde_json::from_slice::<serde::de::IgnoredAny>(tokenizer_json)
+        // The whole JSON first (syntax, UTF-8, escapes): tokenizers 0.22 panics (an `expect` in
+        // its decoder's deserializer) on an error inside the "decoder" object instead of
+        // returning it (found by fuzzing: fuzz/corpus/tokenizer_json/decoder-*.json). A parse
+        // into a Value, not IgnoredAny, which skips strings without checking their UTF-8.
+        serde_json::from_slice::<Json>(tokenizer_json)
             .map_err(|e| TokenizerError::TokenizerJson(e.to_string()))?;
         let inner = tokenizers::Tokenizer::from_bytes(tokenizer_json)
             .map_err(|e| TokenizerError::TokenizerJson(e.to_string()))?;
