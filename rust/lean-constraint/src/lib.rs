@@ -164,20 +164,13 @@ fn byte_fallback(token: &str) -> Option<u8> {
         .flatten()
 }
 
-/// Which byte each character of GPT-2's byte-level alphabet stands for (`bytes_to_unicode`).
+/// Which byte each character of GPT-2's byte-level alphabet stands for (lean-tokenizer's
+/// table, inverted).
 fn gpt2_char_to_byte() -> std::collections::HashMap<char, u8> {
-    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
-    let mut map = std::collections::HashMap::with_capacity(256);
-    let mut next = 256u32;
-    for b in 0..=255u8 {
-        if printable(b) {
-            map.insert(b as char, b);
-        } else {
-            map.insert(char::from_u32(next).expect("below 0x200"), b);
-            next += 1;
-        }
-    }
-    map
+    (0..=255u8)
+        .zip(lean_tokenizer::byte_level_alphabet())
+        .map(|(b, &c)| (c, b))
+        .collect()
 }
 
 /// Reads the decoder: byte-level (GPT-2 style) or SentencePiece (a `Replace` of `▁` by a space,

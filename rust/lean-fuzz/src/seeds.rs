@@ -4,21 +4,6 @@
 //! replay test runs them directly too, so a seed that stops loading is noticed.
 use lean_gguf::{GgufWriter, TensorType, Value};
 
-/// A byte-level BPE tokenizer.json (`tokenizer_json` fills in VOCAB): the 256 byte symbols,
-/// one merge, one special token.
-const TOKENIZER_JSON: &str = r#"{
-  "version": "1.0",
-  "added_tokens": [{"id": 257, "content": "<|im_end|>", "single_word": false, "lstrip": false,
-    "rstrip": false, "normalized": false, "special": true}],
-  "normalizer": null,
-  "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
-  "post_processor": null,
-  "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-  "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-    "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-    "vocab": VOCAB, "merges": ["h e"]}
-}"#;
-
 /// ChatML, as SmolLM2 and Qwen2.5 write it.
 pub const CHATML: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are helpful.<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
@@ -30,45 +15,39 @@ const TEMPLATES: [(&str, &str); 4] = [
     ("strftime", "{{ strftime_now('%d %b %Y') }}{{ messages[0]['content'][1:3] }}{{ (messages|last).content|tojson }}"),
 ];
 
-/// The 256 byte symbols of byte-level BPE (GPT-2's printable mapping), in byte order.
+/// The 256 byte symbols of byte-level BPE, in byte order.
 fn byte_symbols() -> Vec<String> {
-    let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xa1..=0xac).contains(&b) || b >= 0xae;
-    let mut extra = 0;
-    (0..=255u8)
-        .map(|b| {
-            if printable(b) {
-                char::from(b).to_string()
-            } else {
-                extra += 1;
-                char::from_u32(255 + extra).expect("a char").to_string()
-            }
-        })
+    lean_tokenizer::byte_level_alphabet()
+        .iter()
+        .map(|c| c.to_string())
         .collect()
 }
 
-/// tokenizer.json's text, its vocabulary filled in.
+/// A byte-level BPE tokenizer.json: the 256 byte symbols, one merge ("he"), one special token.
 pub fn tokenizer_json() -> String {
-    let mut vocab: Vec<String> = byte_symbols()
-        .iter()
+    let mut vocab: serde_json::Map<String, serde_json::Value> = byte_symbols()
+        .into_iter()
         .enumerate()
-        .map(|(i, s)| format!("{}: {i}", serde_json_string(s)))
+        .map(|(id, symbol)| (symbol, id.into()))
         .collect();
-    vocab.push(format!("{}: 256", serde_json_string("he")));
-    TOKENIZER_JSON.replace("VOCAB", &format!("{{{}}}", vocab.join(", ")))
-}
-
-fn serde_json_string(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+    vocab.insert("he".into(), 256.into());
+    let byte_level = |add_prefix_space: bool| {
+        serde_json::json!({"type": "ByteLevel", "add_prefix_space": add_prefix_space,
+            "trim_offsets": true, "use_regex": true})
+    };
+    serde_json::json!({
+        "version": "1.0",
+        "added_tokens": [{"id": 257, "content": "<|im_end|>", "single_word": false,
+            "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null,
+        "pre_tokenizer": byte_level(false),
+        "post_processor": null,
+        "decoder": byte_level(true),
+        "model": {"type": "BPE", "dropout": null, "unk_token": null,
+            "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false,
+            "byte_fallback": false, "vocab": vocab, "merges": ["h e"]}
+    })
+    .to_string()
 }
 
 /// A tiny model of `arch` (1 or 2 layers, 32 wide, heads of 8) with its tokenizer in the

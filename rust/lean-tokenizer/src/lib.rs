@@ -19,6 +19,8 @@ use serde_json::Value as Json;
 
 pub use chat::ChatMessage;
 pub use error::TokenizerError;
+/// Byte-level BPE's alphabet: which character stands for each byte (GPT-2's `bytes_to_unicode`).
+pub use gguf::byte_level::byte_alphabet as byte_level_alphabet;
 pub use stream::StreamDecoder;
 
 /// The named special tokens transformers passes to chat templates (`special_tokens_map`), in its

@@ -214,18 +214,12 @@ impl GpuSession {
                         )))
                     }
                 };
-                let qk_norms = match (&l.q_norm, &l.k_norm) {
-                    (Some(q), Some(k)) => {
-                        Some((ctx.upload_f32("q_norm", q), ctx.upload_f32("k_norm", k)))
-                    }
-                    (None, None) => None,
-                    _ => {
-                        return Err(GpuError::Shape(format!(
-                            "tensor '{}': a norm of only one of q, k",
-                            l.wq.name
-                        )))
-                    }
-                };
+                // The description loads both or neither (`Block::qk_norm`).
+                let qk_norms = l
+                    .q_norm
+                    .as_ref()
+                    .zip(l.k_norm.as_ref())
+                    .map(|(q, k)| (ctx.upload_f32("q_norm", q), ctx.upload_f32("k_norm", k)));
                 let norm =
                     |label, w: &Option<Vec<f32>>| w.as_ref().map(|w| upload_norm(&ctx, label, w));
                 Ok(LayerBuffers {

@@ -35,7 +35,7 @@ fn split_regex(pre: &str) -> Result<Option<&'static str>, ()> {
 
 /// GPT-2's byte-to-character table (`bytes_to_unicode`): printable bytes stand for themselves,
 /// the others for the characters from U+0100 on, in byte order.
-fn byte_alphabet() -> &'static [char; 256] {
+pub fn byte_alphabet() -> &'static [char; 256] {
     static ALPHABET: OnceLock<[char; 256]> = OnceLock::new();
     ALPHABET.get_or_init(|| {
         let printable = |b: u32| {

@@ -14,7 +14,7 @@
 //! (`llama`). What both share lives here: reading and checking the metadata, the added tokens
 //! (control → special, user-defined → plain), the bos/eos post-processor, and the config.
 
-mod byte_level;
+pub(crate) mod byte_level;
 mod sentencepiece;
 
 use lean_gguf::{Gguf, Value};
