@@ -2,7 +2,9 @@
 //!
 //! A prompt is processed as a batch (matrix-matrix products over all its tokens, in chunks of
 //! `PREFILL_CHUNK`), a generated token alone (matrix-vector products).
+mod decode;
 pub mod ops;
+pub mod team;
 
 use crate::config::{Activation, ModelConfig};
 use crate::error::{LeanError, Result};
@@ -91,6 +93,70 @@ impl KvCache {
     }
 }
 
+/// The cache as the members of a decode team use it: each stores and reads only its own kv
+/// heads (`decode.rs`).
+struct KvShared<'a> {
+    capacity: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    k: team::Shared<'a, f32>,
+    v: team::Shared<'a, f32>,
+}
+
+impl KvCache {
+    fn shared(&mut self) -> KvShared<'_> {
+        KvShared {
+            capacity: self.capacity,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+            k: team::Shared::new(&mut self.k),
+            v: team::Shared::new(&mut self.v),
+        }
+    }
+}
+
+impl KvShared<'_> {
+    /// The elements of kv head `g` of `layer`, in either array.
+    fn head(&self, layer: usize, g: usize) -> std::ops::Range<usize> {
+        let len = KvCache::padded(self.capacity) * self.head_dim;
+        let start = (layer * self.n_kv_heads + g) * len;
+        start..start + len
+    }
+
+    /// `KvCache::store` for kv head `g` alone.
+    ///
+    /// # Safety
+    /// No other member touches kv head `g` of `layer` during the call.
+    unsafe fn store(&self, layer: usize, g: usize, pos: usize, k: &[f32], v: &[f32]) {
+        let hd = self.head_dim;
+        let keys = self.k.part_mut(self.head(layer, g));
+        let key_block = pos / COLUMN_BLOCK * COLUMN_BLOCK * hd + pos % COLUMN_BLOCK;
+        for (d, &kd) in k.iter().enumerate() {
+            keys[key_block + d * COLUMN_BLOCK] = kd;
+        }
+        self.v.part_mut(self.head(layer, g))[pos * hd..(pos + 1) * hd].copy_from_slice(v);
+    }
+
+    /// `KvCache::keys_t` for kv head `g`.
+    ///
+    /// # Safety
+    /// No member writes kv head `g` of `layer` while the view lives.
+    unsafe fn keys_t(&self, layer: usize, g: usize, from: usize, to: usize) -> F32Matrix<'_> {
+        let keys = &self.k.part(self.head(layer, g))[from * self.head_dim..];
+        F32Matrix::column_blocked(keys, self.head_dim, to - from, self.head_dim)
+    }
+
+    /// `KvCache::values` for kv head `g`.
+    ///
+    /// # Safety
+    /// As `keys_t`.
+    unsafe fn values(&self, layer: usize, g: usize, from: usize, to: usize) -> F32Matrix<'_> {
+        let hd = self.head_dim;
+        let values = &self.v.part(self.head(layer, g))[from * hd..to * hd];
+        F32Matrix::row_major(values, to - from, hd, hd)
+    }
+}
+
 /// Activations for a batch of up to `n` tokens, reused across calls (no allocation per token).
 #[derive(Default)]
 struct Scratch {
@@ -106,6 +172,8 @@ struct Scratch {
     act: Vec<f32>,
     last: Vec<f32>,
     attention: AttentionScratch,
+    /// One per member of a decode team.
+    members: Vec<std::sync::Mutex<decode::MemberScratch>>,
 }
 
 fn fit(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
@@ -228,13 +296,15 @@ impl CpuSession {
 
         let x = fit(&mut s.x, n * e);
         for (t, &tok) in tokens.iter().enumerate() {
-            let row = w.token_embd.ty.row_bytes(e).expect("validated at load");
-            let data = &model.data(&w.token_embd)[tok as usize * row..(tok as usize + 1) * row];
-            let x = &mut x[t * e..(t + 1) * e];
-            lean_quant::dequantize_row(w.token_embd.ty, data, x);
-            if let Some(scale) = b.embedding_scale {
-                x.iter_mut().for_each(|v| *v *= scale);
-            }
+            embed(model, tok, &mut x[t * e..(t + 1) * e]);
+        }
+        let logits_from = match want {
+            Logits::All => Some(0),
+            Logits::Last if is_last_chunk => Some(n - 1),
+            Logits::Last => None,
+        };
+        if n == 1 {
+            return self.decode_step(model, logits_from.is_some(), |l| on_logits(0, l));
         }
 
         for (l, (lw, layer)) in w.layers.iter().zip(&c.layers).enumerate() {
@@ -311,10 +381,8 @@ impl CpuSession {
         self.pos += n;
 
         // Logits only for the rows that need them.
-        let first = match want {
-            Logits::All => 0,
-            Logits::Last if is_last_chunk => n - 1,
-            Logits::Last => return,
+        let Some(first) = logits_from else {
+            return;
         };
         let rows = n - first;
         let h = fit(&mut s.h, rows * e);
@@ -325,6 +393,50 @@ impl CpuSession {
         for r in 0..rows {
             on_logits(first + r, &logits[r * vocab..(r + 1) * vocab]);
         }
+    }
+
+    /// One token (its embedding in `scratch.x`) through the model by the decode team.
+    fn decode_step(&mut self, model: &Model, want_logits: bool, on_logits: impl FnOnce(&[f32])) {
+        let c = &model.config;
+        let s = &mut self.scratch;
+        #[cfg(feature = "threads")]
+        let members = rayon::current_num_threads();
+        #[cfg(not(feature = "threads"))]
+        let members = 1;
+        if s.members.len() < members {
+            s.members.resize_with(members, Default::default);
+        }
+        let buffers = decode::StepBuffers {
+            x: team::Shared::new(fit(&mut s.x, c.n_embd)),
+            q: team::Shared::new(fit(&mut s.q, c.q_dim())),
+            k: team::Shared::new(fit(&mut s.k, c.kv_dim())),
+            v: team::Shared::new(fit(&mut s.v, c.kv_dim())),
+            attn: team::Shared::new(fit(&mut s.attn, c.q_dim())),
+            o: team::Shared::new(fit(&mut s.o, c.n_embd)),
+            act: team::Shared::new(fit(&mut s.act, c.n_ff)),
+            logits: want_logits.then(|| team::Shared::new(fit(&mut s.last, c.vocab_size))),
+        };
+        let kv = self.kv.shared();
+        decode::step(model, &self.ropes, &kv, self.pos, &buffers, &s.members);
+        self.pos += 1;
+        if want_logits {
+            on_logits(&s.last[..c.vocab_size]);
+        }
+    }
+}
+
+/// The embedding of `token`, scaled where the block scales it.
+fn embed(model: &Model, token: u32, x: &mut [f32]) {
+    let w = &model.weights;
+    let row = w
+        .token_embd
+        .ty
+        .row_bytes(x.len())
+        .expect("validated at load");
+    let data = &model.data(&w.token_embd)[token as usize * row..(token as usize + 1) * row];
+    lean_quant::dequantize_row(w.token_embd.ty, data, x);
+    if let Some(scale) = model.config.block.embedding_scale {
+        x.iter_mut().for_each(|v| *v *= scale);
     }
 }
 
@@ -382,29 +494,8 @@ fn linear(model: &Model, m: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
     }
 }
 
-/// Several products of the same input (q/k/v, gate/up). For one token they run as one parallel
-/// region over all their rows: a decode step of a small model is short enough that every extra
-/// fork-join (waking the pool) shows.
+/// Several products of the same input (q/k/v, gate/up).
 fn linears(model: &Model, outputs: &mut [(&Matrix, &mut [f32])], x: &[f32], n: usize) {
-    #[cfg(feature = "threads")]
-    if n == 1 && rayon::current_num_threads() > 1 {
-        use rayon::prelude::*;
-        let macs: usize = outputs.iter().map(|(m, _)| m.rows * m.cols).sum();
-        let task_macs = (macs / (rayon::current_num_threads() * 4)).max(1 << 16);
-        let mut tasks: Vec<(&Matrix, usize, &mut [f32])> = Vec::new();
-        for (m, y) in outputs.iter_mut() {
-            let chunk = (task_macs / m.cols).max(1);
-            for (i, ys) in y.chunks_mut(chunk).enumerate() {
-                tasks.push((*m, i * chunk, ys));
-            }
-        }
-        tasks.into_par_iter().for_each(|(m, first, ys)| {
-            let row_bytes = m.len / m.rows;
-            let data = &model.data(m)[first * row_bytes..(first + ys.len()) * row_bytes];
-            lean_quant::matvec_serial(m.ty, data, ys.len(), m.cols, x, ys);
-        });
-        return;
-    }
     for (m, y) in outputs.iter_mut() {
         linear(model, m, x, n, y);
     }
@@ -492,9 +583,6 @@ fn attention(
     out: &mut [f32],
     s: &mut AttentionScratch,
 ) {
-    if n == 1 {
-        return decode_attention(a, kv, layer, q, pos0, out);
-    }
     let (hd, qd) = (a.head_dim, a.q_dim());
     let group = a.n_heads / a.n_kv_heads;
     let heads_out = fit(&mut s.heads_out, a.n_heads * n * hd);
@@ -542,42 +630,6 @@ fn attention(
     for (h, head) in heads_out.chunks_exact(n * hd).enumerate() {
         for (t, row) in head.chunks_exact(hd).enumerate() {
             out[t * qd + h * hd..][..hd].copy_from_slice(row);
-        }
-    }
-}
-
-/// Attention of one token (decode), per kv head (in parallel): the queries of the heads that
-/// share it times its keys, then their probabilities times its values, each one `vecmat` that
-/// loads every key and value row once for all those heads. A sliding window reads only its
-/// positions (from the start of the key block holding the first).
-fn decode_attention(a: Heads, kv: &KvCache, layer: usize, q: &[f32], pos0: usize, out: &mut [f32]) {
-    let hd = a.head_dim;
-    let group = a.n_heads / a.n_kv_heads;
-    let (first, end) = (a.first_visible(pos0), pos0 + 1);
-    let from = first_block(first);
-    let span = end - from;
-    let kv_head = |g: usize, o: &mut [f32], scores: &mut Vec<f32>| {
-        let qg = &q[g * group * hd..(g + 1) * group * hd];
-        let scores = fit(scores, group * span);
-        lean_quant::vecmat(qg, group, kv.keys_t(layer, g, from, end), scores);
-        for row in scores.chunks_exact_mut(span) {
-            masked_softmax(row, first - from..span, a.scale);
-        }
-        lean_quant::vecmat(scores, group, kv.values(layer, g, from, end), o);
-    };
-    let out = &mut out[..a.q_dim()];
-    #[cfg(feature = "threads")]
-    {
-        use rayon::prelude::*;
-        out.par_chunks_mut(group * hd)
-            .enumerate()
-            .for_each_init(Vec::new, |scores, (g, o)| kv_head(g, o, scores));
-    }
-    #[cfg(not(feature = "threads"))]
-    {
-        let mut scores = Vec::new();
-        for (g, o) in out.chunks_mut(group * hd).enumerate() {
-            kv_head(g, o, &mut scores);
         }
     }
 }
