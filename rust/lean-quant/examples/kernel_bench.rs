@@ -4,6 +4,9 @@
 //!
 //! cargo run --release -p lean-quant --example kernel_bench -- [--types Q4_0,Q8_0] [--isa avx2]
 //!     [--threads 1,2] [--tokens 512] [--no-matmul]
+//!
+//! `LEAN_VNNI=0` keeps the avx512 path's Q4_0/Q4_1 matvec on its f32 kernels instead of the
+//! VNNI limb kernels, for comparing the two.
 
 use lean_quant::{F32Matrix, Isa, TensorType, COLUMN_BLOCK};
 use std::time::{Duration, Instant};

@@ -15,6 +15,8 @@ use std::sync::OnceLock;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_vnni;
 mod fallback;
 #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
 mod neon;

@@ -155,3 +155,155 @@ fn matvec_rows_do_not_depend_on_the_row_range() {
         }
     }
 }
+
+/// Q4_0/Q4_1/Q8_0 rows with random quants and f16 scales in [0.005, 0.015).
+#[cfg(target_arch = "x86_64")]
+fn quant_rows(state: &mut u64, ty: crate::TensorType, rows: usize, cols: usize) -> Vec<u8> {
+    let row_bytes = ty.row_bytes(cols).unwrap();
+    let mut w: Vec<u8> = floats(state, rows * row_bytes)
+        .iter()
+        .map(|f| (f.to_bits() >> 7) as u8)
+        .collect();
+    let scales = floats(state, w.len() / ty.block_bytes());
+    for (block, s) in w.chunks_exact_mut(ty.block_bytes()).zip(scales) {
+        block[..2].copy_from_slice(&half::f16::from_f32(0.01 + 0.005 * s).to_le_bytes());
+        if ty == crate::TensorType::Q4_1 {
+            // The minimum, about -8 * d.
+            block[2..4].copy_from_slice(&half::f16::from_f32(-0.08 + 0.01 * s).to_le_bytes());
+        }
+    }
+    w
+}
+
+/// Activations like a hidden state's: mostly small, some blocks with an outlier, some zero or
+/// tiny blocks.
+#[cfg(target_arch = "x86_64")]
+fn activations(state: &mut u64, cols: usize) -> Vec<f32> {
+    let mut x = floats(state, cols);
+    for (b, block) in x.chunks_exact_mut(32).enumerate() {
+        match b % 7 {
+            1 => block[b % 32] *= 60.0,
+            3 => block.fill(0.0),
+            5 => block.iter_mut().for_each(|v| *v *= 1e-20),
+            _ => {}
+        }
+    }
+    x
+}
+
+/// `(|got - exact| / sum |w x|)` of each row, with the f64 dot of the scalar weights as exact.
+#[cfg(target_arch = "x86_64")]
+fn relative_errors(ty: crate::TensorType, w: &[u8], cols: usize, x: &[f32], y: &[f32]) -> Vec<f64> {
+    let row_bytes = ty.row_bytes(cols).unwrap();
+    let mut weights = vec![0f32; cols];
+    y.iter()
+        .zip(w.chunks_exact(row_bytes))
+        .map(|(&got, row)| {
+            crate::scalar::dequantize(ty, row, &mut weights);
+            let (exact, magnitude) =
+                weights
+                    .iter()
+                    .zip(x)
+                    .fold((0f64, 0f64), |(s, m), (&w, &x)| {
+                        let p = w as f64 * x as f64;
+                        (s + p, m + p.abs())
+                    });
+            (got as f64 - exact).abs() / magnitude.max(1e-300)
+        })
+        .collect()
+}
+
+/// The VNNI kernels against an f64 dot on awkward shapes: one row, one block, a partial last
+/// group of blocks (Q4_0 groups 4 blocks, Q8_0 2), with zero, tiny and outlier blocks.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn vnni_rows_match_an_exact_dot() {
+    if !super::avx512_vnni::supported() {
+        return;
+    }
+    let mut state = 11;
+    for ty in [
+        crate::TensorType::Q4_0,
+        crate::TensorType::Q4_1,
+        crate::TensorType::Q8_0,
+    ] {
+        for rows in [1, 2, 3, 5] {
+            for cols in [32, 64, 96, 128, 160, 192, 224, 576, 4864] {
+                let w = quant_rows(&mut state, ty, rows, cols);
+                let x = activations(&mut state, cols);
+                let mut y = vec![f32::NAN; rows];
+                let row_bytes = ty.row_bytes(cols).unwrap();
+                // SAFETY: `supported()` checked the CPU; `w` holds `rows` rows of `cols`.
+                assert!(unsafe { super::avx512_vnni::rows(ty, &w, row_bytes, &x, &mut y) });
+                for (r, err) in relative_errors(ty, &w, cols, &x, &y)
+                    .into_iter()
+                    .enumerate()
+                {
+                    assert!(
+                        err <= 1e-5,
+                        "{ty} {rows}x{cols} row {r}: relative error {err:e}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Non-finite activations make the VNNI kernels decline (the f32 path propagates them).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn vnni_rows_decline_non_finite_activations() {
+    if !super::avx512_vnni::supported() {
+        return;
+    }
+    let mut state = 12;
+    let ty = crate::TensorType::Q4_0;
+    let w = quant_rows(&mut state, ty, 2, 64);
+    for bad in [f32::NAN, f32::INFINITY] {
+        let mut x = activations(&mut state, 64);
+        x[40] = bad;
+        let mut y = [0f32; 2];
+        // SAFETY: as above.
+        assert!(!unsafe {
+            super::avx512_vnni::rows(ty, &w, ty.row_bytes(64).unwrap(), &x, &mut y)
+        });
+        Isa::Avx512.matvec_serial(ty, &w, 2, 64, &x, &mut y);
+        assert!(y.iter().all(|v| !v.is_finite()));
+    }
+}
+
+/// Error study (run with --nocapture): the VNNI limb kernels' and the f32 kernels' errors
+/// against an f64 dot, relative to sum |w x|, on SmolLM2-like shapes.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn vnni_error_study() {
+    if !super::avx512_vnni::supported() {
+        return;
+    }
+    let mut state = 13;
+    for ty in [
+        crate::TensorType::Q4_0,
+        crate::TensorType::Q4_1,
+        crate::TensorType::Q8_0,
+    ] {
+        for (rows, cols) in [(256, 576), (64, 1536), (64, 4864)] {
+            let w = quant_rows(&mut state, ty, rows, cols);
+            let x = activations(&mut state, cols);
+            let row_bytes = ty.row_bytes(cols).unwrap();
+            let mut vnni = vec![0f32; rows];
+            // SAFETY: as above.
+            assert!(unsafe { super::avx512_vnni::rows(ty, &w, row_bytes, &x, &mut vnni) });
+            let f32_path: Vec<f32> = w
+                .chunks_exact(row_bytes)
+                .map(|row| Isa::Avx512.dot(ty, row, &x))
+                .collect();
+            for (what, y) in [("vnni", &vnni), ("f32 ", &f32_path)] {
+                let errs = relative_errors(ty, &w, cols, &x, y);
+                let max = errs.iter().cloned().fold(0f64, f64::max);
+                let mean = errs.iter().sum::<f64>() / errs.len() as f64;
+                println!("{ty} {rows}x{cols} {what}: max {max:.2e} mean {mean:.2e}");
+                assert!(max <= 1e-5);
+            }
+        }
+    }
+}

@@ -1,0 +1,374 @@
+//! AVX-512 VNNI matvec for Q4_0, Q4_1 and Q8_0: integer dots over the weights' own quants.
+//!
+//! The activations are NOT quantized to one int8: per 32-element block, x = s * (a0 + a1/128 +
+//! a2/128^2) with s = max|x| / 127 and three int8 limbs (a0 in [-127, 127], a1, a2 in
+//! [-64, 64]), which keeps 22 bits of each block (f32 keeps 24 per element; the dot error stays
+//! in the range of f32 summation-order differences, see the tests). `vpdpbusd` (u8 weights x s8
+//! limbs) gives each limb's dot; the limbs combine exactly in i32 as `a0<<14 + a1<<7 + a2`
+//! (|sum| < 2^31 by construction), then one f32 multiply by `d * s / 2^14` per block.
+//!
+//! The limbs are laid out once per call in the order the kernels gather weight bytes, so the
+//! inner loop needs no activation shuffles.
+
+use crate::TensorType;
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+pub(super) fn supported() -> bool {
+    super::avx512::supported()
+        && is_x86_feature_detected!("avx512vnni")
+        && is_x86_feature_detected!("avx512vbmi")
+}
+
+/// Limb base: each limb after the first holds the previous one's rounding residual times this.
+const BASE_BITS: i32 = 7;
+
+/// Rows per pass.
+const TILE: usize = 4;
+
+/// One group of activations (Q4_0: 4 blocks = 128 elements; Q8_0: 2 blocks = 64), laid out to
+/// match the bytes `Q4_0`'s / `Q8_0`'s gather produces.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Group {
+    /// `limbs[k]` for Q8_0: limb k of the group's 64 elements in order. Q4_0: `limbs[2k]` holds
+    /// limb k of elements 0..16 of each of the 4 blocks (16 bytes per block, low nibbles),
+    /// `limbs[2k+1]` elements 16..32 (high nibbles).
+    limbs: [[i8; 64]; 6],
+    /// Per i32 lane: what the weights' offset adds, negated (Q4_0: -8 * sum of the block's
+    /// combined limbs, in the block's first lane; Q8_0: -128 * the lane's own limb sums, one
+    /// vector per limb).
+    offset: [[i32; 16]; 3],
+    /// Per i32 lane: the lane's block scale s / 2^14.
+    scale: [f32; 16],
+    /// Q4_1: each block's sum of x (f64-summed) in its first lane, for the weights' minimum.
+    sums: [f32; 16],
+}
+
+const EMPTY: Group = Group {
+    limbs: [[0; 64]; 6],
+    offset: [[0; 16]; 3],
+    scale: [0.0; 16],
+    sums: [0.0; 16],
+};
+
+thread_local! {
+    static GROUPS: RefCell<Vec<Group>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Splits the 32-element block at `x` into limbs, writing its 8-element pieces to
+/// `out(piece, limb)`; returns the block's scale (times 2^-14). `None` when a value is not
+/// finite or the block is too small for an f32 scale (the caller then takes the f32 path).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,fma,f16c")]
+unsafe fn split_block(x: *const f32, out: impl Fn(usize, usize) -> *mut i8) -> Option<f32> {
+    let halves = [_mm512_loadu_ps(x), _mm512_loadu_ps(x.add(16))];
+    if halves
+        .iter()
+        .any(|&h| _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(h, h) != 0)
+    {
+        return None;
+    }
+    let max = _mm512_reduce_max_ps(_mm512_max_ps(
+        _mm512_abs_ps(halves[0]),
+        _mm512_abs_ps(halves[1]),
+    ));
+    let base = (1 << BASE_BITS) as f64;
+    let scale = max / (127.0 * (base * base) as f32);
+    if !max.is_finite() || (max > 0.0 && scale == 0.0) {
+        return None;
+    }
+    // Residuals in f64 relative to the f32 scale actually applied, so the limbs represent
+    // x / scale to within half a unit of the last limb.
+    let inv = _mm512_set1_pd(if max > 0.0 {
+        1.0 / (scale as f64 * base * base)
+    } else {
+        0.0
+    });
+    let (base, limit) = (_mm512_set1_pd(base), _mm512_set1_pd(127.0));
+    let round =
+        |v: __m512d| _mm512_roundscale_pd::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+    for piece in 0..4 {
+        let v = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x.add(8 * piece))), inv);
+        let a0 = _mm512_min_pd(
+            _mm512_max_pd(round(v), _mm512_sub_pd(_mm512_setzero_pd(), limit)),
+            limit,
+        );
+        let r1 = _mm512_mul_pd(_mm512_sub_pd(v, a0), base);
+        let a1 = round(r1);
+        let a2 = round(_mm512_mul_pd(_mm512_sub_pd(r1, a1), base));
+        for (limb, a) in [a0, a1, a2].into_iter().enumerate() {
+            let bytes = _mm256_cvtepi32_epi8(_mm512_cvtpd_epi32(a));
+            _mm_storel_epi64(out(piece, limb) as *mut __m128i, bytes);
+        }
+    }
+    Some(scale)
+}
+
+/// Lays out `x` for `ty`'s kernel; `false` if some block cannot be split. Safety: `supported()`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,fma,f16c")]
+unsafe fn prepare(ty: TensorType, x: &[f32], groups: &mut Vec<Group>) -> bool {
+    let q4 = matches!(ty, TensorType::Q4_0 | TensorType::Q4_1);
+    let per_group = if q4 { 4 } else { 2 };
+    let blocks = x.len() / 32;
+    groups.clear();
+    groups.resize(blocks.div_ceil(per_group), EMPTY);
+    let ones = _mm512_set1_epi8(1);
+    let zero = _mm512_setzero_si512();
+    for (g, group) in groups.iter_mut().enumerate() {
+        let limbs = group.limbs.as_mut_ptr() as *mut i8;
+        for k in 0..per_group.min(blocks - g * per_group) {
+            let xs = x.as_ptr().add((g * per_group + k) * 32);
+            let scale = match q4 {
+                // Elements 0..16 (low nibbles) go to `limbs[2l]`, 16..32 to `limbs[2l+1]`.
+                true => split_block(xs, |piece, l| {
+                    limbs.add(64 * (2 * l + piece / 2) + 16 * k + 8 * (piece % 2))
+                }),
+                false => split_block(xs, |piece, l| limbs.add(64 * l + 32 * k + 8 * piece)),
+            };
+            let Some(scale) = scale else {
+                return false;
+            };
+            let lanes = 16 / per_group;
+            group.scale[lanes * k..lanes * (k + 1)].fill(scale);
+            if ty == TensorType::Q4_1 {
+                let xs = &x[(g * per_group + k) * 32..][..32];
+                group.sums[lanes * k] = xs.iter().map(|&v| v as f64).sum::<f64>() as f32;
+            }
+        }
+        // Each i32 lane's limb sums (4 bytes per lane) by a dot with ones.
+        let lv = |i: usize| _mm512_load_si512(group.limbs[i].as_ptr() as *const _);
+        let sums: [__m512i; 3] = std::array::from_fn(|l| match q4 {
+            true => _mm512_dpbusd_epi32(
+                _mm512_dpbusd_epi32(zero, ones, lv(2 * l)),
+                ones,
+                lv(2 * l + 1),
+            ),
+            false => _mm512_dpbusd_epi32(zero, ones, lv(l)),
+        });
+        if ty == TensorType::Q4_1 {
+            // Unsigned quants: no offset.
+        } else if q4 {
+            // -8 * the lane's combined limbs: the quants' offset, spread over the block's lanes.
+            let comb = _mm512_add_epi32(
+                _mm512_add_epi32(
+                    _mm512_slli_epi32::<{ 2 * BASE_BITS as u32 }>(sums[0]),
+                    _mm512_slli_epi32::<{ BASE_BITS as u32 }>(sums[1]),
+                ),
+                sums[2],
+            );
+            let offset = _mm512_sub_epi32(zero, _mm512_slli_epi32::<3>(comb));
+            _mm512_store_si512(group.offset[0].as_mut_ptr() as *mut _, offset);
+        } else {
+            for (l, sum) in sums.into_iter().enumerate() {
+                let offset = _mm512_sub_epi32(zero, _mm512_slli_epi32::<7>(sum));
+                _mm512_store_si512(group.offset[l].as_mut_ptr() as *mut _, offset);
+            }
+        }
+    }
+    true
+}
+
+/// `RowsFn` for Q4_0, Q4_1 and Q8_0 when the CPU has VNNI and VBMI; `false` (nothing written) when
+/// the activations have a non-finite or subnormal-scaled block.
+/// Safety: as `RowsFn`, and `supported()`.
+pub(super) unsafe fn rows(
+    ty: TensorType,
+    w: &[u8],
+    row_bytes: usize,
+    x: &[f32],
+    y: &mut [f32],
+) -> bool {
+    GROUPS.with(|groups| {
+        let mut groups = groups.borrow_mut();
+        if !prepare(ty, x, &mut groups) {
+            return false;
+        }
+        let blocks = x.len() / 32;
+        // Four rows per pass share each activation load (loads, not arithmetic, limit one row
+        // at a time); the last rows one at a time.
+        let done = y.len() / TILE * TILE;
+        let mut chunks = y.chunks_exact_mut(TILE);
+        for (t, out) in chunks.by_ref().enumerate() {
+            let row = w.as_ptr().add(t * TILE * row_bytes);
+            let out: &mut [f32; TILE] = out.try_into().unwrap();
+            *out = match ty {
+                TensorType::Q4_0 => rows_q4::<TILE, false>(row, row_bytes, blocks, &groups),
+                TensorType::Q4_1 => rows_q4::<TILE, true>(row, row_bytes, blocks, &groups),
+                _ => rows_q8_0::<TILE>(row, row_bytes, blocks, &groups),
+            };
+        }
+        for (r, out) in chunks.into_remainder().iter_mut().enumerate() {
+            let row = w.as_ptr().add((done + r) * row_bytes);
+            *out = match ty {
+                TensorType::Q4_0 => rows_q4::<1, false>(row, row_bytes, blocks, &groups)[0],
+                TensorType::Q4_1 => rows_q4::<1, true>(row, row_bytes, blocks, &groups)[0],
+                _ => rows_q8_0::<1>(row, row_bytes, blocks, &groups)[0],
+            };
+        }
+        true
+    })
+}
+
+/// Gather indices: byte j is quant byte j%16 of block j/16 (Q4_0: after the 2-byte scale,
+/// blocks 18 bytes apart; Q4_1: after scale and minimum, 20 bytes apart).
+const fn q4_bytes(stride: usize, head: usize) -> [u8; 64] {
+    let mut out = [0u8; 64];
+    let mut j = 0;
+    while j < 64 {
+        out[j] = (stride * (j / 16) + head + j % 16) as u8;
+        j += 1;
+    }
+    out
+}
+
+const fn q8_0_bytes() -> [u8; 64] {
+    let mut out = [0u8; 64];
+    let mut j = 0;
+    while j < 64 {
+        out[j] = (34 * (j / 32) + 2 + j % 32) as u8;
+        j += 1;
+    }
+    out
+}
+
+/// Word indices putting block k's f16 at byte `stride * k + at` in lanes `lanes*k..`.
+const fn scale_words(stride: usize, at: usize, lanes: usize) -> [u16; 32] {
+    let mut out = [0u16; 32];
+    let mut i = 0;
+    while i < 16 {
+        out[i] = (((i / lanes) * stride + at) / 2) as u16;
+        i += 1;
+    }
+    out
+}
+
+static Q4_0_BYTES: [u8; 64] = q4_bytes(18, 2);
+static Q4_1_BYTES: [u8; 64] = q4_bytes(20, 4);
+static Q8_0_BYTES: [u8; 64] = q8_0_bytes();
+static Q4_0_SCALES: [u16; 32] = scale_words(18, 0, 4);
+static Q4_1_SCALES: [u16; 32] = scale_words(20, 0, 4);
+static Q4_1_MINS: [u16; 32] = scale_words(20, 2, 4);
+static Q8_0_SCALES: [u16; 32] = scale_words(34, 0, 8);
+
+/// Bytes `p..p+n` (n <= 64), the rest zero, without reading past them.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,fma,f16c")]
+unsafe fn load_partial(p: *const u8, n: usize) -> __m512i {
+    _mm512_maskz_loadu_epi8(u64::MAX >> (64 - n), p as *const i8)
+}
+
+/// `sum over lanes` of `acc += f32(a0<<14 + a1<<7 + a2) * d * scale`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,fma,f16c")]
+unsafe fn combine(limb: [__m512i; 3], d: __m512, scale: __m512, acc: __m512) -> __m512 {
+    let sum = _mm512_add_epi32(
+        _mm512_add_epi32(
+            _mm512_slli_epi32::<{ 2 * BASE_BITS as u32 }>(limb[0]),
+            _mm512_slli_epi32::<{ BASE_BITS as u32 }>(limb[1]),
+        ),
+        limb[2],
+    );
+    _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, scale), acc)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,fma,f16c")]
+unsafe fn rows_q4<const R: usize, const Q4_1: bool>(
+    row: *const u8,
+    row_bytes: usize,
+    blocks: usize,
+    groups: &[Group],
+) -> [f32; R] {
+    let block_bytes = if Q4_1 { 20 } else { 18 };
+    let (gather, scales) = match Q4_1 {
+        true => (Q4_1_BYTES.as_ptr(), Q4_1_SCALES.as_ptr()),
+        false => (Q4_0_BYTES.as_ptr(), Q4_0_SCALES.as_ptr()),
+    };
+    let gather = _mm512_loadu_si512(gather as *const _);
+    let scales = _mm512_loadu_si512(scales as *const _);
+    let mins = _mm512_loadu_si512(Q4_1_MINS.as_ptr() as *const _);
+    let nibble = _mm512_set1_epi8(0x0F);
+    let mut acc = [_mm512_setzero_ps(); R];
+    for (g, group) in groups.iter().enumerate() {
+        let left = blocks - 4 * g;
+        let lv = |i: usize| _mm512_load_si512(group.limbs[i].as_ptr() as *const _);
+        let limbs = [lv(0), lv(1), lv(2), lv(3), lv(4), lv(5)];
+        let offset = _mm512_load_si512(group.offset[0].as_ptr() as *const _);
+        let scale = _mm512_load_ps(group.scale.as_ptr());
+        let sums = _mm512_load_ps(group.sums.as_ptr());
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let p = row.add(r * row_bytes + g * 4 * block_bytes);
+            // A whole group is 64 bytes and 8 (Q4_0) or 16 (Q4_1) more, never read past.
+            let (lo, hi) = if left >= 4 {
+                let tail = match Q4_1 {
+                    true => _mm_loadu_si128(p.add(64) as *const __m128i),
+                    false => _mm_loadl_epi64(p.add(64) as *const __m128i),
+                };
+                (
+                    _mm512_loadu_si512(p as *const _),
+                    _mm512_castsi128_si512(tail),
+                )
+            } else {
+                (load_partial(p, block_bytes * left), _mm512_setzero_si512())
+            };
+            let q = _mm512_permutex2var_epi8(lo, gather, hi);
+            let low = _mm512_and_si512(q, nibble);
+            let high = _mm512_and_si512(_mm512_srli_epi16::<4>(q), nibble);
+            let dot = |k: usize, init: __m512i| {
+                _mm512_dpbusd_epi32(
+                    _mm512_dpbusd_epi32(init, low, limbs[2 * k]),
+                    high,
+                    limbs[2 * k + 1],
+                )
+            };
+            let zero = _mm512_setzero_si512();
+            let d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(scales, lo)));
+            *acc = combine([dot(0, zero), dot(1, zero), dot(2, offset)], d, scale, *acc);
+            if Q4_1 {
+                // + m * sum(x) per block.
+                let m = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(mins, lo)));
+                *acc = _mm512_fmadd_ps(m, sums, *acc);
+            }
+        }
+    }
+    acc.map(|a| _mm512_reduce_add_ps(a))
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,fma,f16c")]
+unsafe fn rows_q8_0<const R: usize>(
+    row: *const u8,
+    row_bytes: usize,
+    blocks: usize,
+    groups: &[Group],
+) -> [f32; R] {
+    let gather = _mm512_loadu_si512(Q8_0_BYTES.as_ptr() as *const _);
+    let scales = _mm512_loadu_si512(Q8_0_SCALES.as_ptr() as *const _);
+    let sign = _mm512_set1_epi8(-128);
+    let mut acc = [_mm512_setzero_ps(); R];
+    for (g, group) in groups.iter().enumerate() {
+        let whole = blocks - 2 * g >= 2;
+        let lv = |i: usize| _mm512_load_si512(group.limbs[i].as_ptr() as *const _);
+        let ov = |i: usize| _mm512_load_si512(group.offset[i].as_ptr() as *const _);
+        let (limbs, offsets) = ([lv(0), lv(1), lv(2)], [ov(0), ov(1), ov(2)]);
+        let scale = _mm512_load_ps(group.scale.as_ptr());
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let p = row.add(r * row_bytes + g * 68);
+            let (lo, hi) = if whole {
+                (
+                    _mm512_loadu_si512(p as *const _),
+                    _mm512_castsi128_si512(_mm_cvtsi32_si128(
+                        (p.add(64) as *const i32).read_unaligned(),
+                    )),
+                )
+            } else {
+                (load_partial(p, 34), _mm512_setzero_si512())
+            };
+            // w + 128 as u8; the offset vectors take 128 * sum(limbs) back out.
+            let q = _mm512_xor_si512(_mm512_permutex2var_epi8(lo, gather, hi), sign);
+            let dot = |k: usize| _mm512_dpbusd_epi32(offsets[k], q, limbs[k]);
+            let d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(scales, lo)));
+            *acc = combine([dot(0), dot(1), dot(2)], d, scale, *acc);
+        }
+    }
+    acc.map(|a| _mm512_reduce_add_ps(a))
+}
