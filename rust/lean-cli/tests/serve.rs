@@ -498,12 +498,16 @@ fn bad_requests_get_openai_errors_and_the_server_goes_on() {
         (json!({"messages": user, "n": 2}), "n"),
         (json!({"messages": user, "logprobs": true}), "logprobs"),
         (
-            json!({"messages": user, "tools": [{"type": "function", "function": {"name": "f"}}]}),
-            "tools",
+            json!({"messages": user, "tools": [{"type": "function", "function": {"name": "f b"}}]}),
+            "tools[0].function.name",
         ),
         (
-            json!({"messages": user, "tool_choice": "auto"}),
+            json!({"messages": user, "tool_choice": "required"}),
             "tool_choice",
+        ),
+        (
+            json!({"messages": user, "functions": [{"name": "f"}]}),
+            "functions",
         ),
         (
             json!({"messages": user, "response_format": {"type": "xml"}}),

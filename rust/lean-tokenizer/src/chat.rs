@@ -31,6 +31,47 @@ impl ChatMessage {
     }
 }
 
+/// A chat message with the fields of tool calling, in the shape transformers passes to chat
+/// templates (HF's convention, which Qwen2.5's, Qwen3's and Llama 3.x's templates read):
+/// - an assistant's calls: `content` may be `None` (the template's `none`) and `tool_calls` is
+///   `[{"type": "function", "function": {"name", "arguments"}}]`, `arguments` a JSON object
+///   (the templates write it with `tojson`), plus the call's `id` where known;
+/// - a tool's result: role `"tool"`, its text in `content`, `tool_call_id` (and `name`) where
+///   given.
+///
+/// Fields left `None` are absent from the template's message (Llama 3.x's asks
+/// `'tool_calls' in message`), except `content`, which is always there.
+#[derive(serde::Deserialize, serde::Serialize, Clone, Debug, PartialEq)]
+pub struct FullChatMessage {
+    pub role: String,
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Json>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl FullChatMessage {
+    /// A plain `{role, content}` message.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        FullChatMessage {
+            role: role.into(),
+            content: Some(content.into()),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
+        }
+    }
+}
+
+impl From<ChatMessage> for FullChatMessage {
+    fn from(message: ChatMessage) -> Self {
+        FullChatMessage::new(message.role, message.content)
+    }
+}
+
 const TEMPLATE_NAME: &str = "chat_template";
 /// Chat templates come with model files from anywhere: they are untrusted code. A render may run
 /// this many minijinja instructions (a real template over a long chat takes well under 1 % of it;
@@ -117,9 +158,11 @@ impl ChatTemplate {
             .store(unix_seconds.unwrap_or(CLOCK_NOT_PINNED), Ordering::Relaxed);
     }
 
-    pub(crate) fn render(
+    /// Renders `messages` ([`ChatMessage`]s or [`FullChatMessage`]s: anything that serializes to
+    /// the message dicts the template reads).
+    pub(crate) fn render<M: serde::Serialize>(
         &self,
-        messages: &[ChatMessage],
+        messages: &[M],
         add_generation_prompt: bool,
         special_tokens: &[(&'static str, String)],
         kwargs: &serde_json::Map<String, Json>,
@@ -747,6 +790,75 @@ mod tests {
         assert!(dated.contains("Today Date: 26 Jul 2024"), "{dated}");
         let today = chat.render(&hi, true, &[], &Default::default()).unwrap();
         assert!(today.contains("Today Date: 01 Aug 2024"), "{today}");
+    }
+
+    #[test]
+    fn tool_calls_and_tool_results_reach_the_templates_as_transformers_passes_them() {
+        let messages: Vec<FullChatMessage> = serde_json::from_value(serde_json::json!([
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "content": "22 C", "tool_call_id": "call_1"},
+        ]))
+        .unwrap();
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+        let mut kwargs = serde_json::Map::new();
+        kwargs.insert("tools".into(), tools);
+
+        // Qwen2.5's template (its message loop, as in the GGUF's tokenizer.chat_template).
+        let qwen = r#"{%- if tools %}{{- '<tools>' }}{%- for tool in tools %}{{- tool | tojson }}{%- endfor %}{{- '</tools>\n' }}{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}{{- '\n' + message.content }}{%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}{{- tool_call.name }}{{- '", "arguments": ' }}{{- tool_call.arguments | tojson }}{{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {{- '<|im_start|>user\n<tool_response>\n' + message.content + '\n</tool_response><|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}"#;
+        let chat = ChatTemplate::compile(qwen.to_string()).unwrap();
+        let text = chat.render(&messages, false, &[], &kwargs).unwrap();
+        assert!(
+            text.starts_with(r#"<tools>{"function": {"name": "get_weather""#),
+            "{text}"
+        );
+        assert!(
+            text.contains("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("<|im_start|>user\n<tool_response>\n22 C\n</tool_response><|im_end|>\n"),
+            "{text}"
+        );
+
+        // Llama 3.2's: `'tool_calls' in message` must be false for plain messages.
+        let llama = include_str!("../../../scripts/llama-3.2-chat-template.jinja");
+        let chat = ChatTemplate::compile(llama.to_string()).unwrap();
+        chat.set_time(Some(1_722_470_400));
+        let text = chat.render(&messages, true, &[], &kwargs).unwrap();
+        assert!(text.contains("Environment: ipython"), "{text}");
+        assert!(
+            text.contains("<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}<|eot_id|>"),
+            "{text}"
+        );
+        assert!(
+            text.contains("<|start_header_id|>ipython<|end_header_id|>\n\n\"22 C\"<|eot_id|>"),
+            "{text}"
+        );
+        // Plain messages render as before.
+        let plain = [ChatMessage::new("user", "hi")];
+        let full: Vec<FullChatMessage> = plain.iter().cloned().map(Into::into).collect();
+        assert_eq!(
+            chat.render(&plain, true, &[], &Default::default()).unwrap(),
+            chat.render(&full, true, &[], &Default::default()).unwrap()
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::collections::HashSet;
 
 use serde_json::Value as Json;
 
-pub use chat::ChatMessage;
+pub use chat::{ChatMessage, FullChatMessage};
 pub use error::TokenizerError;
 /// Byte-level BPE's alphabet: which character stands for each byte (GPT-2's `bytes_to_unicode`).
 pub use gguf::byte_level::byte_alphabet as byte_level_alphabet;
@@ -275,6 +275,38 @@ impl Tokenizer {
     pub fn apply_chat_template_with(
         &self,
         messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, Json>,
+    ) -> Result<String, TokenizerError> {
+        self.render_chat(messages, add_generation_prompt, kwargs)
+    }
+
+    /// `apply_chat_template_with` over messages with tool calls and tool results
+    /// ([`FullChatMessage`]); the tools themselves go in `kwargs` as `tools`, as transformers'
+    /// `apply_chat_template(messages, tools=...)`.
+    pub fn apply_chat_template_full(
+        &self,
+        messages: &[FullChatMessage],
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, Json>,
+    ) -> Result<String, TokenizerError> {
+        self.render_chat(messages, add_generation_prompt, kwargs)
+    }
+
+    /// `encode_chat_with` over [`FullChatMessage`]s (`apply_chat_template_full`).
+    pub fn encode_chat_full(
+        &self,
+        messages: &[FullChatMessage],
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, Json>,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let text = self.apply_chat_template_full(messages, add_generation_prompt, kwargs)?;
+        self.encode(&text, false)
+    }
+
+    fn render_chat<M: serde::Serialize>(
+        &self,
+        messages: &[M],
         add_generation_prompt: bool,
         kwargs: &serde_json::Map<String, Json>,
     ) -> Result<String, TokenizerError> {

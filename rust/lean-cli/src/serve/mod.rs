@@ -4,6 +4,7 @@
 mod openai;
 mod slots;
 mod stop;
+mod tools;
 
 use crate::{init_threads, load_model, model_and_tokenizer, new_session, CliResult, Common};
 use axum::body::Bytes;
@@ -16,16 +17,18 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Args;
 use futures_util::stream::{self, StreamExt};
-use lean::{ChatMessage, Engine, GenerateOptions, Tokenizer};
+use lean::tokenizer::FullChatMessage;
+use lean::{Engine, GenerateOptions, Tokenizer};
 use openai::{ApiError, Endpoint, Input, Request, ResponseHeader, Usage};
 use serde_json::json;
 use slots::{Job, QueueFull, SlotEvent, Slots};
 use std::convert::Infallible;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc::UnboundedReceiver;
+use tools::{CallSplitter, Syntax, Tools};
 
 /// Request bodies above this get 413 (a long conversation is well under it).
 const MAX_BODY_BYTES: usize = 4 << 20;
@@ -72,7 +75,11 @@ struct Server {
     /// The vocabulary as the constraint library sees it, made on the first `response_format`
     /// request: a schema is compiled here first, so that one the library rejects is a 400
     /// before the request takes a slot.
-    constraint_vocab: std::sync::OnceLock<Result<Arc<lean_constraint::Vocabulary>, String>>,
+    constraint_vocab: OnceLock<Result<Arc<lean_constraint::Vocabulary>, String>>,
+    /// How the chat template takes tools, found on the first request that needs it: the syntax
+    /// it teaches, or `None` when it does not render `tools` (then lean's fallback: the tools
+    /// in the system message, Hermes syntax).
+    tool_template: OnceLock<Option<Syntax>>,
 }
 
 pub fn run(args: ServeArgs) -> CliResult {
@@ -113,7 +120,8 @@ pub fn run(args: ServeArgs) -> CliResult {
         truncate: args.truncation == "auto",
         started: unix_seconds(),
         vocab_size,
-        constraint_vocab: std::sync::OnceLock::new(),
+        constraint_vocab: OnceLock::new(),
+        tool_template: OnceLock::new(),
     });
     let app = Router::new()
         .route("/health", get(health))
@@ -208,6 +216,10 @@ struct Prepared {
     ids: Vec<u32>,
     max_tokens: usize,
     dropped_messages: usize,
+    /// `response_format`'s, or a required tool call's.
+    constraint: Option<lean_constraint::ConstraintSpec>,
+    /// The syntax of the calls to parse out of the reply (a request with tools).
+    tool_syntax: Option<Syntax>,
 }
 
 async fn serve(
@@ -249,7 +261,7 @@ async fn serve(
         max_tokens: prepared.max_tokens,
         sampling: request.sampling.clone(),
         stop_token_ids: None,
-        constraint: request.constraint.clone(),
+        constraint: prepared.constraint.clone(),
     };
     if request.ignore_eos {
         options.stop_token_ids = Some(Vec::new());
@@ -269,9 +281,12 @@ async fn serve(
             .clone()
             .unwrap_or_else(|| server.model_name.clone()),
     };
+    let tools = prepared.tool_syntax.zip(request.tools.clone());
     let mut response = match request.stream {
-        true => stream_response(header, request.include_usage, receiver).into_response(),
-        false => whole_response(header, receiver).await?.into_response(),
+        true => stream_response(header, request.include_usage, tools, receiver).into_response(),
+        false => whole_response(header, tools, receiver)
+            .await?
+            .into_response(),
     };
     if prepared.dropped_messages > 0 {
         response.headers_mut().insert(
@@ -287,7 +302,7 @@ impl Server {
     /// oldest turns with `--truncation auto`. Without max_tokens, a chat may fill the context.
     fn prepare(&self, request: &Request) -> Result<Prepared, ApiError> {
         if let Some(spec) = &request.constraint {
-            self.check_constraint(spec, request.ignore_eos)?;
+            self.check_constraint(spec, request.ignore_eos, "response_format")?;
         }
         let tokenizer_error = |e: lean::tokenizer::TokenizerError| {
             ApiError::invalid(None, format!("cannot tokenize the prompt: {e}"))
@@ -306,6 +321,8 @@ impl Server {
                         ids,
                         max_tokens,
                         dropped_messages: 0,
+                        constraint: request.constraint.clone(),
+                        tool_syntax: None,
                     }),
                     Some(_) => Err(ApiError::invalid(Some("prompt"), "the prompt is empty")),
                     None => Err(self.too_long(ids.len(), request.max_tokens, "prompt")),
@@ -313,17 +330,45 @@ impl Server {
             }
             Input::Chat(messages) => messages,
         };
-        let mut kept: Vec<ChatMessage> = messages.clone();
+        // Tools: as the template's `tools` variable, or lean's fallback for a template without.
+        let template_syntax = self.tool_template();
+        let mut kwargs = request.template_kwargs.clone();
+        let messages = match template_syntax {
+            Some(_) => {
+                if let Some(tools) = &request.tools {
+                    kwargs.insert("tools".into(), tools.definitions());
+                }
+                messages.clone()
+            }
+            None => tools::fallback_messages(messages, request.tools.as_ref()),
+        };
+        let tool_syntax = request
+            .tools
+            .as_ref()
+            .map(|_| template_syntax.unwrap_or(Syntax::Hermes));
+        let mut constraint = request.constraint.clone();
+        if let (Some(tools), Some(syntax)) = (&request.tools, tool_syntax) {
+            if tools.forced() {
+                let spec = lean_constraint::ConstraintSpec::Lark(tools::forced_call_grammar(
+                    tools, syntax,
+                ));
+                self.check_constraint(&spec, request.ignore_eos, "tools")?;
+                constraint = Some(spec);
+            }
+        }
+        let mut kept: Vec<FullChatMessage> = messages.clone();
         loop {
             let ids = self
                 .tokenizer
-                .encode_chat_with(&kept, true, &request.template_kwargs)
+                .encode_chat_full(&kept, true, &kwargs)
                 .map_err(tokenizer_error)?;
             if let Some(max_tokens) = room(ids.len()) {
                 return Ok(Prepared {
                     ids,
                     max_tokens,
                     dropped_messages: messages.len() - kept.len(),
+                    constraint,
+                    tool_syntax,
                 });
             }
             if !self.truncate || !drop_oldest_turn(&mut kept) {
@@ -332,18 +377,52 @@ impl Server {
         }
     }
 
-    /// Compiles `response_format`'s constraint once to see that the library takes it: an error
-    /// is a 400 naming the problem (the slot's engine compiles it again for its generation).
+    /// How the chat template takes tools (see `tool_template`): a probe function is rendered
+    /// as `tools`; a template that writes its name takes tools, in the syntax its instructions
+    /// show (`<tool_call>`: Hermes; Llama 3.x's `"parameters"` JSON; Hermes otherwise).
+    fn tool_template(&self) -> Option<Syntax> {
+        *self.tool_template.get_or_init(|| {
+            const PROBE: &str = "lean_probe_function_7f3a";
+            let mut kwargs = serde_json::Map::new();
+            kwargs.insert(
+                "tools".into(),
+                json!([{"type": "function", "function": {"name": PROBE, "description": "probe",
+                    "parameters": {"type": "object", "properties": {}}}}]),
+            );
+            let text = self
+                .tokenizer
+                .apply_chat_template_full(&[FullChatMessage::new("user", "hi")], true, &kwargs)
+                .ok()?;
+            if !text.contains(PROBE) {
+                return None;
+            }
+            let llama = !text.contains("<tool_call>")
+                && (text.contains("Environment: ipython")
+                    || text.contains("{\"name\": function name, \"parameters\""));
+            Some(if llama {
+                Syntax::Llama3
+            } else {
+                Syntax::Hermes
+            })
+        })
+    }
+
+    /// Compiles a constraint (`response_format`'s, or a required tool call's: `param`) once to
+    /// see that the library takes it: an error is a 400 naming the problem (the slot's engine
+    /// compiles it again for its generation).
     fn check_constraint(
         &self,
         spec: &lean_constraint::ConstraintSpec,
         ignore_eos: bool,
+        param: &str,
     ) -> Result<(), ApiError> {
         if ignore_eos {
             return Err(ApiError::invalid(
                 Some("ignore_eos"),
-                "'ignore_eos' cannot be combined with 'response_format': a structured reply ends \
-                 where its format does",
+                format!(
+                    "'ignore_eos' cannot be combined with '{param}': a structured reply ends \
+                     where its format does"
+                ),
             ));
         }
         let vocab = self
@@ -360,15 +439,22 @@ impl Server {
             .as_ref()
             .map_err(|e| {
                 ApiError::invalid(
-                    Some("response_format"),
+                    Some(param),
                     format!("structured output is not available for this model: {e}"),
                 )
             })?;
+        let code = match param {
+            "tools" => "invalid_tools",
+            _ => "invalid_response_format",
+        };
         lean_constraint::Constraint::new(vocab, spec)
             .map(drop)
             .map_err(|e| {
-                ApiError::invalid(Some("response_format"), e.to_string())
-                    .with_code("invalid_response_format")
+                let message = match param {
+                    "tools" => format!("a function's parameters schema is not usable: {e}"),
+                    _ => e.to_string(),
+                };
+                ApiError::invalid(Some(param), message).with_code(code)
             })
     }
 
@@ -398,7 +484,7 @@ impl Server {
 /// Drops the oldest turn after the leading system messages: its first message and the replies
 /// up to the next user message (so that the conversation still starts with a user). The last
 /// message always stays. Returns false when there is nothing left to drop.
-fn drop_oldest_turn(messages: &mut Vec<ChatMessage>) -> bool {
+fn drop_oldest_turn(messages: &mut Vec<FullChatMessage>) -> bool {
     let first = messages.iter().take_while(|m| m.role == "system").count();
     if first + 1 >= messages.len() {
         return false;
@@ -437,6 +523,7 @@ fn new_id(endpoint: Endpoint) -> String {
 
 async fn whole_response(
     header: ResponseHeader,
+    tools: Option<(Syntax, Tools)>,
     mut receiver: UnboundedReceiver<SlotEvent>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let mut text = String::new();
@@ -449,6 +536,16 @@ async fn whole_response(
                     completion_tokens: outcome.completion_tokens,
                     cached_tokens: outcome.cached_tokens,
                 };
+                let calls = tools
+                    .as_ref()
+                    .and_then(|(syntax, tools)| tools::parse_output(&text, *syntax, tools));
+                if let Some((content, calls)) = calls {
+                    return Ok(Json(header.response_with_calls(
+                        content.as_deref(),
+                        &calls,
+                        usage,
+                    )));
+                }
                 return Ok(Json(header.response(&text, outcome.finish_reason, usage)));
             }
             SlotEvent::Failed(e) => return Err(generation_error(e)),
@@ -461,32 +558,61 @@ async fn whole_response(
 
 /// Server-sent events: `data: {chunk}` per piece of text, a last chunk with the finish reason,
 /// the usage chunk if asked, then `data: [DONE]`. Dropping the stream (the client went away)
-/// closes the channel, which stops the generation.
+/// closes the channel, which stops the generation. With tools, text that may be a call is held
+/// back to the end (`CallSplitter`); a call goes out as one `delta.tool_calls` chunk.
 fn stream_response(
     header: ResponseHeader,
     include_usage: bool,
+    tools: Option<(Syntax, Tools)>,
     receiver: UnboundedReceiver<SlotEvent>,
 ) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
     let data = |value: serde_json::Value| Event::default().data(value.to_string());
     let header = Arc::new(header);
     let opening = (header.endpoint == Endpoint::Chat)
         .then(|| data(header.chunk(true, "", None, include_usage)));
-    let events = stream::unfold(Some(receiver), move |receiver| {
+    let splitter = tools.as_ref().map(|(syntax, _)| CallSplitter::new(*syntax));
+    let tools = Arc::new(tools);
+    let events = stream::unfold(Some((receiver, splitter)), move |state| {
         let header = header.clone();
+        let tools = tools.clone();
         async move {
-            let mut receiver = receiver?;
+            let (mut receiver, mut splitter) = state?;
+            let text_chunk = |text: &str| data(header.chunk(false, text, None, include_usage));
             let events = match receiver.recv().await {
                 Some(SlotEvent::Text(text)) => {
-                    let chunk = header.chunk(false, &text, None, include_usage);
-                    return Some((vec![data(chunk)], Some(receiver)));
+                    let text = match &mut splitter {
+                        Some(splitter) => splitter.push(&text),
+                        None => text,
+                    };
+                    let events = match text.is_empty() {
+                        true => Vec::new(),
+                        false => vec![text_chunk(&text)],
+                    };
+                    return Some((events, Some((receiver, splitter))));
                 }
                 Some(SlotEvent::Done(outcome)) => {
-                    let mut events = vec![data(header.chunk(
+                    let mut events = Vec::new();
+                    let mut finish_reason = outcome.finish_reason;
+                    if let (Some(splitter), Some((syntax, tools))) = (splitter, tools.as_ref()) {
+                        let held = splitter.finish();
+                        match tools::parse_output(&held, *syntax, tools) {
+                            Some((content, calls)) => {
+                                if let Some(content) = content {
+                                    events.push(text_chunk(&content));
+                                }
+                                events.push(data(header.tool_calls_chunk(&calls, include_usage)));
+                                finish_reason = "tool_calls";
+                            }
+                            None if !held.is_empty() => events.push(text_chunk(&held)),
+                            None => {}
+                        }
+                    }
+                    events.push(data(header.chunk(
                         false,
                         "",
-                        Some(outcome.finish_reason),
+                        Some(finish_reason),
                         include_usage,
-                    ))];
+                    )));
                     if include_usage {
                         events.push(data(header.usage_chunk(Usage {
                             prompt_tokens: outcome.prompt_tokens,

@@ -1,10 +1,12 @@
 //! OpenAI's wire format: requests are read field by field (so that an error names its
 //! parameter, as OpenAI's do), and responses, stream chunks and errors are built with OpenAI's
 //! field names and object types.
+use super::tools::{self, ToolCall, Tools};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use lean::{ChatMessage, SamplingParams};
+use lean::tokenizer::FullChatMessage;
+use lean::SamplingParams;
 use serde_json::{json, Map, Value};
 
 /// `{"error": {"message", "type", "param", "code"}}` with its HTTP status.
@@ -80,7 +82,7 @@ pub enum Endpoint {
 }
 
 pub enum Input {
-    Chat(Vec<ChatMessage>),
+    Chat(Vec<FullChatMessage>),
     Raw(String),
 }
 
@@ -100,6 +102,8 @@ pub struct Request {
     /// `chat_template_kwargs` (vLLM's and llama.cpp's name): extra variables of the chat
     /// template, e.g. Qwen3's `{"enable_thinking": false}`.
     pub template_kwargs: Map<String, Value>,
+    /// `tools` with `tool_choice` (chat only); `None` without tools or with `tool_choice: "none"`.
+    pub tools: Option<Tools>,
     pub stream: bool,
     pub include_usage: bool,
 }
@@ -204,6 +208,27 @@ pub fn parse_request(
         .map_err(|e| ApiError::invalid(None, e.to_string()))?;
 
     let stream = fields.boolean("stream")?.unwrap_or(false);
+    let tools = match endpoint {
+        Endpoint::Chat => tools::parse_tools(fields.get("tools"), fields.get("tool_choice"))?,
+        Endpoint::Completion => None,
+    };
+    if fields
+        .get("parallel_tool_calls")
+        .is_some_and(|v| !v.is_boolean())
+    {
+        return Err(ApiError::invalid(
+            Some("parallel_tool_calls"),
+            "'parallel_tool_calls' must be a boolean",
+        ));
+    }
+    let constraint = parse_response_format(fields.get("response_format"))?;
+    if constraint.is_some() && tools.as_ref().is_some_and(Tools::forced) {
+        return Err(ApiError::invalid(
+            Some("tool_choice"),
+            "a required tool call cannot be combined with 'response_format': the call's \
+             arguments follow the function's parameters schema",
+        ));
+    }
     let include_usage = match fields.get("stream_options") {
         None => false,
         Some(Value::Object(options)) => Fields(options)
@@ -236,8 +261,9 @@ pub fn parse_request(
         sampling,
         stop: parse_stop(fields.get("stop"))?,
         ignore_eos: fields.boolean("ignore_eos")?.unwrap_or(false),
-        constraint: parse_response_format(fields.get("response_format"))?,
+        constraint,
         template_kwargs: parse_template_kwargs(fields.get("chat_template_kwargs"), endpoint)?,
+        tools,
         stream,
         include_usage,
     })
@@ -292,23 +318,29 @@ fn refuse_unsupported(fields: &Fields, endpoint: Endpoint) -> Result<(), ApiErro
             "log probabilities are not returned",
         ));
     }
-    for name in ["tools", "functions"] {
+    // The legacy function calling (before `tools`); on completions, tools of any kind.
+    let (lists, choices) = match endpoint {
+        Endpoint::Chat => (&["functions"][..], &["function_call"][..]),
+        Endpoint::Completion => (
+            &["tools", "functions"][..],
+            &["tool_choice", "function_call"][..],
+        ),
+    };
+    let why = match endpoint {
+        Endpoint::Chat => "use 'tools' and 'tool_choice'",
+        Endpoint::Completion => "tool calls are made on /v1/chat/completions",
+    };
+    for &name in lists {
         if fields
             .get(name)
             .is_some_and(|v| v.as_array().is_none_or(|list| !list.is_empty()))
         {
-            return Err(ApiError::unsupported(
-                name,
-                "tool and function calling is not implemented",
-            ));
+            return Err(ApiError::unsupported(name, why));
         }
     }
-    for name in ["tool_choice", "function_call"] {
+    for &name in choices {
         if fields.get(name).is_some_and(|v| v != "none") {
-            return Err(ApiError::unsupported(
-                name,
-                "tool and function calling is not implemented",
-            ));
+            return Err(ApiError::unsupported(name, why));
         }
     }
     if let Some(bias) = fields.get("logit_bias") {
@@ -397,7 +429,7 @@ fn parse_response_format(
     }
 }
 
-fn parse_messages(messages: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
+fn parse_messages(messages: Option<&Value>) -> Result<Vec<FullChatMessage>, ApiError> {
     let param = Some("messages");
     let messages = match messages {
         None => return Err(ApiError::invalid(param, "'messages' is required")),
@@ -418,17 +450,17 @@ fn parse_messages(messages: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError
             let role = match message.get("role").and_then(Value::as_str) {
                 // OpenAI's newer name for the system message.
                 Some("system" | "developer") => "system",
-                Some(role @ ("user" | "assistant")) => role,
-                Some(role @ ("tool" | "function")) => {
-                    return Err(ApiError::invalid(
-                        Some(&at("role")),
-                        format!("messages[{i}] has role '{role}': tool and function calling is not supported by lean"),
+                Some(role @ ("user" | "assistant" | "tool")) => role,
+                Some("function") => {
+                    return Err(ApiError::unsupported(
+                        &at("role"),
+                        "the legacy 'function' role: use 'tool' messages (with 'tool_call_id')",
                     ))
                 }
                 Some(role) => {
                     return Err(ApiError::invalid(
                         Some(&at("role")),
-                        format!("messages[{i}] has an unknown role '{role}' (expected system, developer, user or assistant)"),
+                        format!("messages[{i}] has an unknown role '{role}' (expected system, developer, user, assistant or tool)"),
                     ))
                 }
                 None => {
@@ -438,12 +470,22 @@ fn parse_messages(messages: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError
                     ))
                 }
             };
-            if message.get("tool_calls").is_some_and(|v| !v.is_null()) {
-                return Err(ApiError::unsupported(&at("tool_calls"), "tool calling is not implemented"));
-            }
+            let tool_calls = match message.get("tool_calls").filter(|v| !v.is_null()) {
+                None => None,
+                Some(_) if role != "assistant" => {
+                    return Err(ApiError::invalid(
+                        Some(&at("tool_calls")),
+                        format!("messages[{i}] has 'tool_calls' but role '{role}': only an assistant calls tools"),
+                    ))
+                }
+                // An empty list is no call (some clients send one).
+                Some(calls) => Some(tools::template_tool_calls(calls, i)?).filter(|c| !c.is_empty()),
+            };
             let content = match message.get("content") {
-                Some(Value::String(text)) => text.clone(),
-                Some(Value::Array(parts)) => text_parts(parts, i)?,
+                Some(Value::String(text)) => Some(text.clone()),
+                Some(Value::Array(parts)) => Some(text_parts(parts, i)?),
+                // An assistant that only calls tools has no content (`null`), as OpenAI's.
+                None | Some(Value::Null) if tool_calls.is_some() => None,
                 _ => {
                     return Err(ApiError::invalid(
                         Some(&at("content")),
@@ -451,7 +493,23 @@ fn parse_messages(messages: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError
                     ))
                 }
             };
-            Ok(ChatMessage::new(role, content))
+            let string_field = |name: &str| -> Result<Option<String>, ApiError> {
+                match message.get(name) {
+                    None | Some(Value::Null) => Ok(None),
+                    Some(Value::String(s)) => Ok(Some(s.clone())),
+                    Some(_) => Err(ApiError::invalid(
+                        Some(&at(name)),
+                        format!("messages[{i}].{name} must be a string"),
+                    )),
+                }
+            };
+            Ok(FullChatMessage {
+                role: role.to_string(),
+                content,
+                tool_calls,
+                tool_call_id: string_field("tool_call_id")?,
+                name: string_field("name")?,
+            })
         })
         .collect()
 }
@@ -559,6 +617,50 @@ fn parse_stop(stop: Option<&Value>) -> Result<Vec<String>, ApiError> {
     Ok(stops)
 }
 
+/// OpenAI's `tool_calls`: `[{id, type: "function", function: {name, arguments}}]` (with `index`
+/// in stream deltas); the ids are new, `call_` and 24 letters and digits as OpenAI's.
+fn tool_calls_json(calls: &[ToolCall], indexed: bool) -> Value {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(index, call)| {
+            let mut value = json!({
+                "id": new_call_id(),
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            });
+            if indexed {
+                value["index"] = json!(index);
+            }
+            value
+        })
+        .collect()
+}
+
+fn new_call_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    // splitmix64 over the time and a counter: unique within the process, unlikely to repeat.
+    let mut state = nanos
+        ^ NEXT
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut id = String::from("call_");
+    for _ in 0..24 {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        id.push(ALPHABET[(z % ALPHABET.len() as u64) as usize] as char);
+    }
+    id
+}
+
 /// Token counts as OpenAI's `usage` reports them.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Usage {
@@ -625,6 +727,45 @@ impl ResponseHeader {
         let mut response = self.envelope(false, json!([choice]));
         response["usage"] = usage.to_json();
         response
+    }
+
+    /// The whole chat response with tool calls (`content`: the text around them, if any).
+    pub fn response_with_calls(
+        &self,
+        content: Option<&str>,
+        calls: &[ToolCall],
+        usage: Usage,
+    ) -> Value {
+        let choice = json!({
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": content,
+                "refusal": null,
+                "tool_calls": tool_calls_json(calls, false),
+            },
+            "logprobs": null,
+            "finish_reason": "tool_calls",
+        });
+        let mut response = self.envelope(false, json!([choice]));
+        response["usage"] = usage.to_json();
+        response
+    }
+
+    /// The stream chunk of the calls: OpenAI's `delta.tool_calls` with each call's `index`, and
+    /// its whole arguments in one piece.
+    pub fn tool_calls_chunk(&self, calls: &[ToolCall], with_usage: bool) -> Value {
+        let choice = json!({
+            "index": 0,
+            "delta": {"tool_calls": tool_calls_json(calls, true)},
+            "logprobs": null,
+            "finish_reason": null,
+        });
+        let mut chunk = self.envelope(true, json!([choice]));
+        if with_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
     }
 
     /// A stream chunk: the first one of a chat says the role; the last has the finish reason.
@@ -713,7 +854,7 @@ mod tests {
         let Input::Chat(messages) = &r.input else {
             panic!()
         };
-        assert_eq!(messages[0], ChatMessage::new("system", "a\nb"));
+        assert_eq!(messages[0], FullChatMessage::new("system", "a\nb"));
         assert_eq!(r.max_tokens, Some(7));
         assert_eq!(r.stop, ["\n"]);
         assert!(r.stream && r.include_usage);
@@ -757,8 +898,9 @@ mod tests {
         for (name, value) in [
             ("n", json!(2)),
             ("logprobs", json!(true)),
-            ("tools", json!([{"type": "function"}])),
-            ("tool_choice", json!("auto")),
+            ("tools", json!("get_weather")),
+            ("tool_choice", json!("sometimes")),
+            ("functions", json!([{"name": "f"}])),
             ("response_format", json!({"type": "xml"})),
             (
                 "response_format",
@@ -782,6 +924,79 @@ mod tests {
             .unwrap();
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
         assert!(e.message.contains("JSON"), "{}", e.message);
+    }
+
+    #[test]
+    fn tool_messages_reach_the_template_in_transformers_shape() {
+        let r = parse(
+            Endpoint::Chat,
+            json!({"messages": [
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "22 C"},
+            ], "tools": [{"type": "function", "function": {"name": "get_weather"}}], "tool_choice": "required",
+               "parallel_tool_calls": false}),
+        )
+        .unwrap();
+        let Input::Chat(messages) = &r.input else {
+            panic!()
+        };
+        assert_eq!(messages[1].content, None);
+        assert_eq!(
+            messages[1].tool_calls,
+            Some(vec![
+                json!({"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}})
+            ])
+        );
+        assert_eq!(messages[2].role, "tool");
+        assert_eq!(messages[2].tool_call_id.as_deref(), Some("call_1"));
+        assert!(r.tools.unwrap().forced());
+
+        let user = json!({"role": "user", "content": "x"});
+        for (messages, param) in [
+            (
+                json!([{"role": "user", "content": "x", "tool_calls": []}]),
+                "messages[0].tool_calls",
+            ),
+            (
+                json!([user, {"role": "assistant", "content": null}]),
+                "messages[1].content",
+            ),
+            (
+                json!([user, {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]),
+                "messages[1].tool_calls[0].function.arguments",
+            ),
+            (
+                json!([user, {"role": "assistant", "tool_calls": [{"type": "function"}]}]),
+                "messages[1].tool_calls[0].function",
+            ),
+            (
+                json!([user, {"role": "tool", "content": "r", "tool_call_id": 3}]),
+                "messages[1].tool_call_id",
+            ),
+            (
+                json!([{"role": "function", "content": "x", "name": "f"}]),
+                "messages[0].role",
+            ),
+        ] {
+            assert_eq!(
+                error_param(json!({"messages": messages})).as_deref(),
+                Some(param),
+                "{messages}"
+            );
+        }
+        let bad = parse(
+            Endpoint::Chat,
+            json!({"messages": [user], "tools": [{"type": "function", "function": {"name": "f"}}],
+                   "tool_choice": "required", "response_format": {"type": "json_object"}}),
+        );
+        assert_eq!(bad.err().unwrap().param.as_deref(), Some("tool_choice"));
+        let completion = parse(
+            Endpoint::Completion,
+            json!({"prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}),
+        );
+        assert_eq!(completion.err().unwrap().param.as_deref(), Some("tools"));
     }
 
     #[test]
