@@ -114,12 +114,12 @@ unsafe fn member_step(
         }
         team.sync();
 
-        let rows = team.share(e, ROW_ALIGN);
-        matvec_shared(model, &lw.wo, b.attn.all(), &b.o, &rows, 0);
-        residual(
+        project_residual(
             team,
+            model,
+            &lw.wo,
+            b.attn.all(),
             b,
-            &rows,
             lw.post_attn_norm.as_deref(),
             eps,
             &mut m.normed,
@@ -139,12 +139,12 @@ unsafe fn member_step(
         }
         team.sync();
 
-        let rows = team.share(e, ROW_ALIGN);
-        matvec_shared(model, &lw.w_down, b.act.all(), &b.o, &rows, 0);
-        residual(
+        project_residual(
             team,
+            model,
+            &lw.w_down,
+            b.act.all(),
             b,
-            &rows,
             lw.post_ffn_norm.as_deref(),
             eps,
             &mut m.normed,
@@ -194,19 +194,24 @@ unsafe fn matvec_shared(
     matvec(model, m, x, rows.clone(), out.part_mut(rows));
 }
 
-/// x += o on this member's rows (or x += rms_norm(o)·w with a post-norm, which needs all of o
-/// first), then a sync: the next norm reads all of x.
+/// o = input · mᵀ on this member's rows, then x += o there (or x += rms_norm(o)·w with a
+/// post-norm, which needs all of o first), then a sync: the next norm reads all of x.
 ///
 /// # Safety
-/// `rows` is this member's share of the embedding and `o`'s rows were written before the call.
-unsafe fn residual(
+/// `input` was complete (synced) before the call.
+#[allow(clippy::too_many_arguments)]
+unsafe fn project_residual(
     team: &Team,
+    model: &Model,
+    m: &Matrix,
+    input: &[f32],
     b: &StepBuffers,
-    rows: &Range<usize>,
     post_norm: Option<&[f32]>,
     eps: f32,
     normed: &mut Vec<f32>,
 ) {
+    let rows = &team.share(b.x.len(), ROW_ALIGN);
+    matvec_shared(model, m, input, &b.o, rows, 0);
     match post_norm {
         None => ops::add_in_place(b.x.part_mut(rows.clone()), b.o.part(rows.clone())),
         Some(weight) => {
