@@ -826,7 +826,7 @@ mod tests {
         let chat = ChatTemplate::compile(qwen.to_string()).unwrap();
         let text = chat.render(&messages, false, &[], &kwargs).unwrap();
         assert!(
-            text.starts_with(r#"<tools>{"function": {"name": "get_weather""#),
+            text.starts_with(r#"<tools>{"type": "function", "function": {"name": "get_weather""#),
             "{text}"
         );
         assert!(
