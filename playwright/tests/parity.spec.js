@@ -7,6 +7,7 @@
 // Firefox, whose lavapipe is faster and binds at most 128 MiB (the Qwen2.5 files' 151936-row
 // embedding and head exceed it: the split-binding path runs in a real browser). Each row also records load
 // time, prefill and decode speed as a "bench" annotation (scripts/test-browser.sh prints them).
+// Each backend also runs one case with speculative decoding (prompt lookup): the same ids.
 // Models: $LEAN_MODELS (default models/); a missing model skips, or fails when $CI is set.
 import { existsSync, readFileSync } from "node:fs";
 import { dirname, join } from "node:path";
@@ -141,6 +142,13 @@ test.describe("webgpu", () => {
     });
     expect(run.promptIds, "prompt ids").toEqual(c.prompt_ids);
     expect(run.token_ids, "greedy ids").toEqual(c.greedy_ids.slice(0, greedyTokens));
+    // Speculative decoding (prompt lookup) on the GPU: the same ids (the prompt is cached now).
+    const spec = await lean(page, "generate", {
+      prompt: { raw: c.prompt },
+      options: { max_tokens: greedyTokens, stop_token_ids: [], lookup: 6 },
+    });
+    expect(spec.token_ids, "greedy ids with prompt lookup").toEqual(c.greedy_ids.slice(0, greedyTokens));
+    expect(spec.speculation.verifications, "verification passes").toBeGreaterThan(0);
     const row = {
       browser: testInfo.project.name,
       backend: "webgpu",
@@ -209,6 +217,15 @@ for (const backend of backends) {
             speeds.prefillMs = run.prefillMs;
           }
         }
+        // Speculative decoding (prompt lookup): the same ids, the guesses verified in batched
+        // passes (the prompt comes from the cache: the run above left it there).
+        const code = reference.cases.find((c) => c.name === "raw_code");
+        const spec = await lean(page, "generate", {
+          prompt: { raw: code.prompt },
+          options: { max_tokens: code.greedy_ids.length, stop_token_ids: [], lookup: 6 },
+        });
+        expect(spec.token_ids, "raw_code with prompt lookup: greedy ids").toEqual(code.greedy_ids);
+        expect(spec.speculation.verifications, "verification passes").toBeGreaterThan(0);
         const row = {
           browser: testInfo.project.name,
           backend,

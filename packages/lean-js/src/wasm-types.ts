@@ -87,5 +87,7 @@ export interface StepJson {
     cached_tokens: number;
     /** Ids the KV cache holds after this generation. */
     cache_length: number;
+    /** Speculative decoding's passes and guesses (zeros without it). */
+    speculation: { verifications: number; drafted_tokens: number; accepted_tokens: number };
   } | null;
 }

@@ -392,6 +392,11 @@ async function generate(id: number, prompt: WirePrompt, params: GenerateParams):
       decodeMs,
       prefillTokensPerSecond: prefillMs > 0 ? ((promptIds.length - cachedTokens) * 1000) / prefillMs : 0,
       decodeTokensPerSecond: decodeMs > 0 ? ((generated - 1) * 1000) / decodeMs : 0,
+      speculation: {
+        verifications: done.speculation.verifications,
+        draftedTokens: done.speculation.drafted_tokens,
+        acceptedTokens: done.speculation.accepted_tokens,
+      },
     };
     post({ type: "done", id, result, cachedTokens: done.cache_length });
   } finally {

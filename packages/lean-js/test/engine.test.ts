@@ -84,6 +84,7 @@ const result = (finishReason: "stop" | "length" | "cancelled", tokenIds: number[
   decodeMs: 1,
   prefillTokensPerSecond: 3000,
   decodeTokensPerSecond: 1000,
+  speculation: { verifications: 0, draftedTokens: 0, acceptedTokens: 0 },
 });
 
 describe("Engine.start", () => {
@@ -448,6 +449,14 @@ describe("protocol helpers", () => {
     });
     expect(toEngineOptions({})).toEqual({});
     expect(() => toEngineOptions({ seed: 2 ** 60 })).toThrow(/seed must be at most/);
+  });
+
+  it("maps speculative decoding to the engine's lookup and refuses malformed ones", () => {
+    expect(toEngineOptions({ speculative: { lookup: 6 } })).toEqual({ lookup: 6 });
+    expect(() => toEngineOptions({ speculative: { lookup: 0 } })).toThrow(/at least 1/);
+    expect(() => toEngineOptions({ speculative: { lookup: 2.5 } })).toThrow(/whole number/);
+    expect(() => toEngineOptions({ speculative: { draft: "x" } as never })).toThrow(/lookup: n/);
+    expect(() => toEngineOptions({ speculative: null as never })).toThrow(/lookup: n/);
   });
 });
 

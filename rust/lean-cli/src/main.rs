@@ -2,6 +2,7 @@
 //! over OpenAI's HTTP API.
 mod bench;
 mod bench_chat;
+mod bench_spec;
 mod serve;
 mod tokenize;
 
@@ -37,6 +38,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// A multi-turn chat's time to first token per turn, with and without the KV cache carried over.
     BenchChat(bench_chat::BenchChatArgs),
+    /// Speculative decoding by prompt lookup against plain decoding on three tasks (same tokens).
+    BenchSpec(bench_spec::BenchSpecArgs),
     /// A local OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions).
     Serve(serve::ServeArgs),
     /// The ids of a text (or of JSON Lines strings from stdin) as a JSON array.
@@ -103,6 +106,11 @@ struct RunArgs {
     /// Print one JSON object at the end (prompt ids, generated ids, text, timings) instead of streaming.
     #[arg(long)]
     json: bool,
+    /// Speculative decoding by prompt lookup: guess up to N tokens by matching the last tokens
+    /// earlier in the prompt and output, and verify the guess in one batched pass. Greedy output
+    /// is the same as without it; sampled output has the same distribution.
+    #[arg(long, value_name = "N")]
+    lookup: Option<usize>,
     /// Structured output: the reply is any JSON object.
     #[arg(long, group = "constraint")]
     json_object: bool,
@@ -145,6 +153,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Some(Command::Bench(args)) => bench::run(args),
         Some(Command::BenchChat(args)) => bench_chat::run(args),
+        Some(Command::BenchSpec(args)) => bench_spec::run(args),
         Some(Command::Serve(args)) => serve::run(args),
         Some(Command::Tokenize(args)) => tokenize::run(args),
         None => run(cli.run),
@@ -357,6 +366,7 @@ fn run(args: RunArgs) -> CliResult {
         },
         stop_token_ids: None,
         constraint: args.constraint()?,
+        speculation: args.lookup.map(lean::Speculation::lookup),
     };
     // A chat with extra template variables is rendered here and goes in as ids.
     let prompt = match (&prompt, &template_kwargs) {
@@ -386,6 +396,16 @@ fn run(args: RunArgs) -> CliResult {
         t.decode_tokens_per_second(),
         generation.finish_reason.as_str()
     );
+    let spec = &t.speculation;
+    if options.speculation.is_some() {
+        eprintln!(
+            "lean: prompt lookup: {} verification passes, {} of {} guessed tokens accepted ({:.0}%)",
+            spec.verifications,
+            spec.accepted,
+            spec.drafted,
+            100.0 * spec.acceptance_rate()
+        );
+    }
     if args.json {
         let out = serde_json::json!({
             "prompt_ids": generation.prompt_ids,
@@ -400,6 +420,12 @@ fn run(args: RunArgs) -> CliResult {
                 "decode_seconds": t.decode_seconds,
                 "prefill_tokens_per_second": t.prefill_tokens_per_second(),
                 "decode_tokens_per_second": t.decode_tokens_per_second(),
+                "speculation": {
+                    "verifications": spec.verifications,
+                    "drafted_tokens": spec.drafted,
+                    "accepted_tokens": spec.accepted,
+                    "acceptance_rate": spec.acceptance_rate(),
+                },
             },
         });
         writeln!(stdout, "{out}")?;

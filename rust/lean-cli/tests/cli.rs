@@ -424,3 +424,97 @@ fn template_kwargs_reach_the_chat_template() {
         assert!(!ok && stderr.contains(why), "{bad}: {stderr}");
     }
 }
+
+#[test]
+fn lookup_gives_the_reference_ids_and_reports_its_passes() {
+    // The raw code case repeats its prompt's tokens, so guesses are made and checked.
+    let Some(m) = models() else { return };
+    let model = m.join("smollm2-135m-instruct-q4_0.gguf");
+    let case = fixture_case("raw_code");
+    let (ok, stdout, stderr) = lean(&[
+        "--model",
+        model.to_str().unwrap(),
+        "--raw",
+        "--prompt",
+        case["prompt"].as_str().unwrap(),
+        "--json",
+        "--tokens",
+        "32",
+        "--threads",
+        "2",
+        "--lookup",
+        "6",
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("prompt lookup:"), "{stderr}");
+    let out: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let ours = ids(&out["token_ids"]);
+    assert_eq!(ours[..], ids(&case["greedy_ids"])[..ours.len()]);
+    let spec = &out["timings"]["speculation"];
+    assert!(spec["verifications"].as_u64().unwrap() > 0, "{spec}");
+    assert!(spec["accepted_tokens"].as_u64().unwrap() <= spec["drafted_tokens"].as_u64().unwrap());
+}
+
+#[test]
+fn lookup_samples_and_refuses_constraints_and_zero_length_guesses() {
+    let Some(m) = models() else { return };
+    let model = m.join("smollm2-135m-instruct-q4_0.gguf");
+    let model = model.to_str().unwrap();
+    let (ok, _, err) = lean(&[
+        "--model",
+        model,
+        "-p",
+        "Hi",
+        "-n",
+        "8",
+        "--lookup",
+        "4",
+        "--temperature",
+        "0.7",
+    ]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = lean(&[
+        "--model",
+        model,
+        "-p",
+        "Hi",
+        "--lookup",
+        "4",
+        "--json-object",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("does not combine with a constraint"), "{err}");
+    let (ok, _, err) = lean(&["--model", model, "-p", "Hi", "--lookup", "0"]);
+    assert!(!ok);
+    assert!(err.contains("at least one token"), "{err}");
+}
+
+#[test]
+fn bench_spec_reports_the_same_tokens_for_every_task() {
+    let Some(m) = models() else { return };
+    let model = m.join("smollm2-135m-instruct-q4_0.gguf");
+    let (ok, out, err) = lean(&[
+        "bench-spec",
+        "--model",
+        model.to_str().unwrap(),
+        "--gen-tokens",
+        "24",
+        "--reps",
+        "1",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let r: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let tasks = r["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 3);
+    for t in tasks {
+        assert_eq!(t["same_tokens"], true, "{t}");
+        assert!(t["lookup_decode_tokens_per_second"].as_f64().unwrap() > 0.0);
+    }
+    assert!(
+        tasks
+            .iter()
+            .any(|t| t["accepted_tokens"].as_u64().unwrap() > 0),
+        "{r}"
+    );
+}

@@ -776,3 +776,76 @@ fn response_format_constrains_replies_and_a_rejected_schema_is_a_400() {
     );
     assert_eq!(reply.status, 200, "{}", reply.body);
 }
+
+#[test]
+fn lookup_replies_equal_plain_decoding_and_sampled_requests_still_work() {
+    let Some(server) = Server::start(&["--ctx", "1024", "--lookup", "6"]) else {
+        return;
+    };
+    // A reply that repeats its prompt: the guesses are made, checked and mostly kept.
+    let messages = json!([
+        {"role": "user", "content": "Repeat exactly: the quick brown fox jumps over the lazy dog, then the lazy dog sleeps."},
+    ]);
+    let expected = cli_chat(&messages, 32);
+    let reply = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": 32, "temperature": 0}),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let content = reply.body["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap();
+    assert_eq!(content, expected["text"].as_str().unwrap());
+    // Sampled requests speculate too (the same distribution, other random draws).
+    let reply = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": 8, "temperature": 0.8, "seed": 3}),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert!(reply.body["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn a_prediction_speeds_the_reply_without_changing_it() {
+    // No --lookup: a request's prediction alone turns speculative decoding on.
+    let Some(server) = Server::start(&["--ctx", "1024"]) else {
+        return;
+    };
+    let messages =
+        json!([{"role": "user", "content": "Write a Python function that adds two numbers."}]);
+    let expected = cli_chat(&messages, 40);
+    let text = expected["text"].as_str().unwrap();
+    // The expected reply with a word changed: most guesses are kept, some refused.
+    let prediction = text.replacen("def", "fn", 1);
+    let reply = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": 40, "temperature": 0,
+                "prediction": {"type": "content", "content": prediction}}),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(
+        reply.body["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap(),
+        text
+    );
+    let details = &reply.body["usage"]["completion_tokens_details"];
+    assert!(
+        details["accepted_prediction_tokens"].as_u64().unwrap() > 10,
+        "{details}"
+    );
+    // Without a prediction the counts are zero; a malformed one is a 400 naming it.
+    let reply = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": 4, "temperature": 0}),
+    );
+    assert_eq!(
+        reply.body["usage"]["completion_tokens_details"]["accepted_prediction_tokens"],
+        0
+    );
+    let reply = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": 4, "prediction": {"type": "text", "content": "x"}}),
+    );
+    assert_error(&reply, 400, Some("prediction"), "prediction.type");
+}

@@ -67,6 +67,7 @@ fn check_model(
     if full() {
         parity_check::check_engine(&mut engine, file, |_| true, None);
         parity_check::check_reuse(&mut engine, file, |_| true, None);
+        parity_check::check_speculative(&mut engine, file, |_| true, None);
     } else {
         parity_check::check_engine(
             &mut engine,
@@ -76,6 +77,8 @@ fn check_model(
         );
         // The cache carried across turns: one short case (lavapipe is slow).
         parity_check::check_reuse(&mut engine, file, |name| name == "raw_code", Some(8));
+        // Speculative decoding's verification passes: the same short case.
+        parity_check::check_speculative(&mut engine, file, |name| name == "raw_code", Some(8));
     }
 }
 
@@ -236,7 +239,7 @@ fn generate_async(
         max_tokens,
         sampling,
         stop_token_ids: Some(Vec::new()),
-        constraint: None,
+        ..Default::default()
     };
     pollster::block_on(async {
         let prompt = Prompt::Ids(prompt.to_vec());

@@ -339,6 +339,8 @@ struct OptionsJson {
     repetition_penalty: f32,
     seed: u64,
     stop_token_ids: Option<Vec<u32>>,
+    /// Speculative decoding by prompt lookup: guesses of up to this many tokens (greedy only).
+    lookup: Option<usize>,
 }
 
 impl Default for OptionsJson {
@@ -354,6 +356,7 @@ impl Default for OptionsJson {
             repetition_penalty: s.repetition_penalty,
             seed: s.seed,
             stop_token_ids: options.stop_token_ids,
+            lookup: None,
         }
     }
 }
@@ -372,6 +375,7 @@ impl From<OptionsJson> for GenerateOptions {
             },
             stop_token_ids: o.stop_token_ids,
             constraint: None,
+            speculation: o.lookup.map(lean::Speculation::lookup),
         }
     }
 }
@@ -404,6 +408,15 @@ struct GenerationJson {
     cached_tokens: usize,
     /// Ids the KV cache holds now, for the next generation to reuse.
     cache_length: usize,
+    /// Speculative decoding's verification passes and guesses (zeros without it).
+    speculation: SpeculationJson,
+}
+
+#[derive(Serialize)]
+struct SpeculationJson {
+    verifications: usize,
+    drafted_tokens: usize,
+    accepted_tokens: usize,
 }
 
 impl GenerationJson {
@@ -415,6 +428,11 @@ impl GenerationJson {
             finish_reason: g.finish_reason.as_str(),
             cached_tokens: g.timings.cached_tokens,
             cache_length: engine.cached_ids().len(),
+            speculation: SpeculationJson {
+                verifications: g.timings.speculation.verifications,
+                drafted_tokens: g.timings.speculation.drafted,
+                accepted_tokens: g.timings.speculation.accepted,
+            },
         }
     }
 }

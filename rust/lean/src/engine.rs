@@ -6,13 +6,19 @@
 //! The session's KV cache outlives a generation: the engine remembers the ids whose keys and
 //! values it holds, and a prompt that starts with them (the next turn of a chat) prefills only
 //! the rest. A prompt that diverges keeps the common prefix. Rolling back is a length change.
+//!
+//! With speculative decoding ([`GenerateOptions::speculation`]) a step may run the
+//! last token together with guessed next tokens in one batched pass; the guesses the model
+//! confirms come out of the following steps without a forward pass (see [`crate::speculative`]).
 use crate::cpu::CpuSession;
 use crate::error::{LeanError, Result};
 use crate::model::Model;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::session::{Logits, Session};
+use crate::speculative::{accepted_prefix, Drafter, Speculation, SpeculationStats};
 use lean_constraint::{Constraint, ConstraintSpec, Vocabulary};
 use lean_tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -39,6 +45,10 @@ pub struct GenerateOptions {
     /// inside the constraint (a JSON schema, regex, grammar); the generation stops when the
     /// output is complete. `None`: free text, and no mask work at all.
     pub constraint: Option<ConstraintSpec>,
+    /// Speculative decoding: guessed tokens verified in one batched pass. Greedy output is the
+    /// plain greedy output; sampled output has the same distribution (speculative sampling's
+    /// rejection rule, other random draws). Not with a constraint. `None`: one pass per token.
+    pub speculation: Option<Speculation>,
 }
 
 impl Default for GenerateOptions {
@@ -48,6 +58,7 @@ impl Default for GenerateOptions {
             sampling: SamplingParams::default(),
             stop_token_ids: None,
             constraint: None,
+            speculation: None,
         }
     }
 }
@@ -94,6 +105,8 @@ pub struct Timings {
     /// Time spent in `step` and `finish`: not the caller's time between steps (nor `generate`'s
     /// callbacks).
     pub decode_seconds: f64,
+    /// Speculative decoding's passes and guesses (all zero without it).
+    pub speculation: SpeculationStats,
 }
 
 impl Timings {
@@ -366,6 +379,29 @@ impl Engine {
         let argmax_only = sampler.params().is_greedy()
             && sampler.params().repetition_penalty == 1.0
             && constraint.is_none();
+        let drafter = match &options.speculation {
+            None => None,
+            Some(spec) => {
+                let Speculation::Lookup {
+                    max_ngram,
+                    max_draft,
+                    ..
+                } = *spec;
+                if constraint.is_some() {
+                    return Err(LeanError::InvalidArgument(
+                        "speculative decoding does not combine with a constraint (JSON schema, \
+                         regex, grammar) yet: drop one of the two"
+                            .into(),
+                    ));
+                }
+                if max_draft == 0 || max_ngram == 0 {
+                    return Err(LeanError::InvalidArgument(
+                        "prompt lookup needs drafts and n-grams of at least one token".into(),
+                    ));
+                }
+                Some(Drafter::new(spec))
+            }
+        };
         // The cache is only trusted while it and the session agree on its length.
         if self.cached.len() != self.session.position() {
             self.cached.clear();
@@ -391,6 +427,10 @@ impl Engine {
             logits: vec![0f32; self.model.config.vocab_size],
             next_argmax: 0,
             pending_forward: None,
+            drafter,
+            confirmed: VecDeque::new(),
+            decided: false,
+            pass_logits: Vec::new(),
             decoder: StreamDecoder::new(true),
             finish_reason: None,
             timings,
@@ -428,20 +468,117 @@ impl Engine {
         let t0 = now();
         let mut result = Ok(());
         if let Some(id) = active.pending_forward.take() {
-            result = if active.argmax_only {
-                let queue_next = active.may_continue();
-                self.session.decode_argmax(&self.model, id, queue_next)
-            } else {
-                self.session
-                    .forward_last(&self.model, &[id], false, &mut active.logits)
-            }
-            .map(|next| {
+            result = if let Some(next) = active.confirmed.pop_front() {
                 active.next_argmax = next;
-                self.cached.push(id);
-            });
+                active.decided = true;
+                Ok(())
+            } else if let Some(pass) = self.speculation_pass(active, id) {
+                let verified = if active.argmax_only {
+                    self.session
+                        .forward_argmax_all(&self.model, &pass)
+                        .map(Some)
+                } else {
+                    let rows = &mut active.pass_logits;
+                    self.session
+                        .forward_logits_all(&self.model, &pass, rows)
+                        .map(|()| None)
+                };
+                self.settle_verification(active, &pass, verified)
+            } else {
+                if active.argmax_only {
+                    let queue_next = active.may_continue();
+                    self.session.decode_argmax(&self.model, id, queue_next)
+                } else {
+                    self.session
+                        .forward_last(&self.model, &[id], false, &mut active.logits)
+                }
+                .map(|next| {
+                    active.next_argmax = next;
+                    self.cached.push(id);
+                })
+            };
         }
         let step = result.and_then(|()| self.sample_next(active));
         self.settle(active, t0, step)
+    }
+
+    /// The tokens of a speculative step's batched pass: the last generated token `id`, then a
+    /// guess of the ones after it. `None` when the generation does not speculate or the drafter
+    /// has no guess (a plain step then).
+    fn speculation_pass(&self, active: &ActiveGeneration, id: u32) -> Option<Vec<u32>> {
+        let drafter = active.drafter.as_ref()?;
+        // Guesses past max_tokens or the context would be wasted work: the step that emits the
+        // model's own next token needs one of each.
+        let room_in_output = active
+            .max_tokens
+            .saturating_sub(active.token_ids().len() + 1);
+        let room_in_cache = self.session.context_length() - self.session.position() - 1;
+        let output = active.token_ids().len();
+        let draft = drafter.draft(&active.ids, output, room_in_output.min(room_in_cache));
+        if draft.is_empty() {
+            return None;
+        }
+        let mut pass = Vec::with_capacity(1 + draft.len());
+        pass.push(id);
+        pass.extend_from_slice(&draft);
+        Some(pass)
+    }
+
+    /// Books a verification pass over `pass` (the last token, then the guess), given the
+    /// model's argmaxes for its rows (greedy), or `None` when its logits are in
+    /// `active.pass_logits` (sampling): the guess's accepted prefix stays in the cache and comes
+    /// out of the next steps, followed by the token the model chose after it; the rest of the
+    /// pass is rolled back.
+    fn settle_verification(
+        &mut self,
+        active: &mut ActiveGeneration,
+        pass: &[u32],
+        verified: Result<Option<Vec<u32>>>,
+    ) -> Result<()> {
+        let draft = &pass[1..];
+        let decided = match verified? {
+            Some(argmaxes) => argmaxes[..=accepted_prefix(draft, &argmaxes)].to_vec(),
+            None => self.sample_verified(active, draft),
+        };
+        let accepted = decided.len() - 1;
+        let start = self.session.position() - pass.len();
+        self.session.truncate(start + 1 + accepted);
+        self.cached.extend_from_slice(&pass[..1 + accepted]);
+        active.next_argmax = decided[0];
+        active.decided = true;
+        active.confirmed.extend(&decided[1..]);
+        let drafter = active
+            .drafter
+            .as_mut()
+            .expect("a speculative step has a drafter");
+        drafter.record(draft.len(), accepted);
+        active.timings.speculation = drafter.stats;
+        Ok(())
+    }
+
+    /// Speculative sampling over a verification pass's logits: each guessed token is accepted
+    /// with its probability (`Sampler::sample_guess`); the first one refused is replaced by a draw
+    /// without it, and when all are accepted the last row gives one more token. Returns the
+    /// accepted guesses and that token.
+    fn sample_verified(&self, active: &mut ActiveGeneration, draft: &[u32]) -> Vec<u32> {
+        let vocab = self.model.config.vocab_size;
+        let before = active.ids.len();
+        let mut decided = Vec::with_capacity(draft.len() + 1);
+        for (i, row) in active.pass_logits.chunks_exact_mut(vocab).enumerate() {
+            let Some(&guess) = draft.get(i) else {
+                decided.push(active.sampler.sample(row, &active.ids));
+                break;
+            };
+            let (id, accepted) = active.sampler.sample_guess(row, &active.ids, guess);
+            decided.push(id);
+            if !accepted {
+                break;
+            }
+            // The next row's repetition penalty sees the accepted guess.
+            active.ids.push(id);
+        }
+        active.ids.truncate(before);
+        decided
     }
 
     /// `step` for sessions that return results asynchronously (see `begin_async`).
@@ -451,20 +588,38 @@ impl Engine {
         let mut result = Ok(());
         if let Some(id) = active.pending_forward.take() {
             let tokens = [id];
-            result = if active.argmax_only {
-                let queue_next = active.may_continue();
-                self.session
-                    .decode_argmax_async(&self.model, id, queue_next)
-                    .await
-            } else {
-                self.session
-                    .forward_last_async(&self.model, &tokens, false, &mut active.logits)
-                    .await
-            }
-            .map(|next| {
+            result = if let Some(next) = active.confirmed.pop_front() {
                 active.next_argmax = next;
-                self.cached.push(id);
-            });
+                active.decided = true;
+                Ok(())
+            } else if let Some(pass) = self.speculation_pass(active, id) {
+                let verified = if active.argmax_only {
+                    let argmaxes = self.session.forward_argmax_all_async(&self.model, &pass);
+                    argmaxes.await.map(Some)
+                } else {
+                    let rows = &mut active.pass_logits;
+                    let logits = self
+                        .session
+                        .forward_logits_all_async(&self.model, &pass, rows);
+                    logits.await.map(|()| None)
+                };
+                self.settle_verification(active, &pass, verified)
+            } else {
+                if active.argmax_only {
+                    let queue_next = active.may_continue();
+                    self.session
+                        .decode_argmax_async(&self.model, id, queue_next)
+                        .await
+                } else {
+                    self.session
+                        .forward_last_async(&self.model, &tokens, false, &mut active.logits)
+                        .await
+                }
+                .map(|next| {
+                    active.next_argmax = next;
+                    self.cached.push(id);
+                })
+            };
         }
         let step = result.and_then(|()| self.sample_next(active));
         self.settle(active, t0, step)
@@ -509,7 +664,8 @@ impl Engine {
         if active.token_ids().len() >= active.max_tokens {
             return Ok(active.end(None, FinishReason::Length));
         }
-        let id = if active.argmax_only {
+        let decided = std::mem::take(&mut active.decided);
+        let id = if active.argmax_only || decided {
             active.next_argmax
         } else {
             if let Some(constraint) = &mut active.constraint {
@@ -541,7 +697,8 @@ impl Engine {
         if active.token_ids().len() >= active.max_tokens {
             return Ok(active.end(token, FinishReason::Length));
         }
-        if self.session.position() >= self.session.context_length() {
+        // The position this token's pass takes: confirmed tokens are cached ahead of it.
+        if self.session.position() - active.confirmed.len() >= self.session.context_length() {
             return Ok(active.end(token, FinishReason::ContextFull));
         }
         active.pending_forward = Some(id);
@@ -622,6 +779,17 @@ pub struct ActiveGeneration {
     next_argmax: u32,
     /// The last generated id, still to run through the model before the next sample.
     pending_forward: Option<u32>,
+    /// Speculative decoding's guesses, when the generation speculates.
+    drafter: Option<Drafter>,
+    /// Guessed tokens a verification pass confirmed, then the model's own token after them: the
+    /// next steps' tokens, in order. Their keys and values are cached already (the last one's
+    /// excepted), so those steps run no forward pass.
+    confirmed: VecDeque<u32>,
+    /// `next_argmax` holds a token a verification pass decided (sampled or not): the next
+    /// `sample_next` takes it as it is.
+    decided: bool,
+    /// A sampled verification pass's logits, one row per token of the pass.
+    pass_logits: Vec<f32>,
     decoder: StreamDecoder,
     finish_reason: Option<FinishReason>,
     timings: Timings,

@@ -4,6 +4,7 @@
 //! * [`cpu`]: the CPU backend (SIMD kernels from `lean-quant`, rayon threads)
 //! * [`sampling`]: logits processors and samplers with transformers' semantics
 //! * [`engine`]: tokenizer + model + backend, the generation loop
+//! * [`speculative`]: drafts for speculative decoding (greedy-exact)
 pub mod config;
 pub mod cpu;
 pub mod engine;
@@ -11,6 +12,7 @@ pub mod error;
 pub mod model;
 pub mod sampling;
 pub mod session;
+pub mod speculative;
 pub mod synthetic;
 
 pub use config::{Architecture, ModelConfig};
@@ -26,3 +28,4 @@ pub use lean_tokenizer::{ChatMessage, Tokenizer};
 pub use model::{Model, ModelBytes, PartialBytes};
 pub use sampling::SamplingParams;
 pub use session::{Logits, Session};
+pub use speculative::{Speculation, SpeculationStats};

@@ -156,6 +156,41 @@ impl Sampler {
         if self.params.is_greedy() {
             return argmax(logits);
         }
+        let probs = self.warp(logits);
+        let u = self.rng.next_f64();
+        draw(&self.candidates, &probs, u, None)
+    }
+
+    /// Speculative sampling of a guessed token `guess` (a draft that proposes it with certainty,
+    /// as prompt lookup does): accepts it with its probability p under this sampler's
+    /// distribution, else draws from the distribution without it (renormalized). The token that
+    /// comes out is distributed exactly as `sample`'s (P(guess) = p; P(x) = (1 - p) · p_x / (1 - p)
+    /// for any other x), so speculation does not change what sampling generates, only which
+    /// random numbers it uses. Greedy: the argmax, accepted when it is the guess. Returns the
+    /// token and whether it is the guess.
+    pub fn sample_guess(&mut self, logits: &mut [f32], seen: &[u32], guess: u32) -> (u32, bool) {
+        apply_repetition_penalty(logits, seen, self.params.repetition_penalty);
+        if self.params.is_greedy() {
+            let id = argmax(logits);
+            return (id, id == guess);
+        }
+        let probs = self.warp(logits);
+        let c = &self.candidates;
+        let p_guess = c
+            .iter()
+            .position(|x| x.0 == guess)
+            .map_or(0.0, |i| probs[i]);
+        if self.rng.next_f64() < p_guess {
+            return (guess, true);
+        }
+        let u = self.rng.next_f64() * (1.0 - p_guess);
+        (draw(c, &probs, u, Some(guess)), false)
+    }
+
+    /// The warpers (temperature → top-k → top-p → min-p) over `logits`: leaves the surviving
+    /// (token, scaled logit) pairs in `self.candidates`, most likely first, and returns their
+    /// probabilities.
+    fn warp(&mut self, logits: &[f32]) -> Vec<f64> {
         let p = &self.params;
         // TemperatureLogitsWarper
         let c = &mut self.candidates;
@@ -201,16 +236,25 @@ impl Sampler {
                 .max(1);
             c.truncate(keep);
         }
-        let probs = softmax(c.iter().map(|x| x.1));
-        let mut u = self.rng.next_f64();
-        for (i, &pr) in probs.iter().enumerate() {
-            if u < pr {
-                return c[i].0;
-            }
-            u -= pr;
-        }
-        c[c.len() - 1].0
+        softmax(c.iter().map(|x| x.1))
     }
+}
+
+/// The candidate at `u` (uniform in [0, total mass)) of the cumulative distribution `probs`,
+/// skipping `except`; the last one counted when rounding leaves `u` past the end.
+fn draw(candidates: &[(u32, f32)], probs: &[f64], mut u: f64, except: Option<u32>) -> u32 {
+    let mut last = candidates[0].0;
+    for (&(id, _), &pr) in candidates.iter().zip(probs) {
+        if Some(id) == except {
+            continue;
+        }
+        if u < pr {
+            return id;
+        }
+        u -= pr;
+        last = id;
+    }
+    last
 }
 
 /// Softmax in f64 of logits sorted in descending order.
@@ -328,5 +372,54 @@ mod tests {
             ..Default::default()
         })
         .is_err());
+    }
+
+    /// Speculative sampling keeps the distribution: for every guess (likely, unlikely, cut by
+    /// top-k), the tokens `sample_guess` returns are distributed as the warped softmax, within
+    /// 5 standard deviations over 200k draws; the guess is accepted at its own probability.
+    #[test]
+    fn speculative_sampling_keeps_the_distribution() {
+        let logits = [2.0f32, 1.0, 0.5, 0.0, -1.0];
+        let params = SamplingParams {
+            temperature: 0.8,
+            top_k: 4,
+            seed: 11,
+            ..Default::default()
+        };
+        // The warped distribution: top-4 of softmax(logits / 0.8).
+        let e: Vec<f64> = logits[..4]
+            .iter()
+            .map(|&l| ((l / 0.8) as f64).exp())
+            .collect();
+        let total: f64 = e.iter().sum();
+        let want: Vec<f64> = e.iter().map(|x| x / total).chain([0.0]).collect();
+        let n = 200_000;
+        for guess in [0u32, 2, 4] {
+            let mut s = sampler(params.clone());
+            let mut counts = [0usize; 5];
+            let mut accepted = 0;
+            for _ in 0..n {
+                let (id, hit) = s.sample_guess(&mut logits.clone(), &[], guess);
+                counts[id as usize] += 1;
+                accepted += usize::from(hit);
+                assert_eq!(hit, id == guess);
+            }
+            for (i, &c) in counts.iter().enumerate() {
+                let p = want[i];
+                let sd = (p * (1.0 - p) / n as f64).sqrt().max(1e-9);
+                let got = c as f64 / n as f64;
+                assert!(
+                    (got - p).abs() < 5.0 * sd + 1e-12,
+                    "guess {guess}: token {i}: {got} vs {p}"
+                );
+            }
+            let p = want[guess as usize];
+            let rate = accepted as f64 / n as f64;
+            assert!((rate - p).abs() < 5.0 * (p * (1.0 - p) / n as f64).sqrt() + 1e-12);
+        }
+        // Greedy: the argmax, accepted only when guessed.
+        let mut g = sampler(SamplingParams::default());
+        assert_eq!(g.sample_guess(&mut logits.clone(), &[], 0), (0, true));
+        assert_eq!(g.sample_guess(&mut logits.clone(), &[], 3), (0, false));
     }
 }

@@ -58,6 +58,51 @@ pub trait Session: MaybeSend {
         Ok(id)
     }
 
+    /// Runs `tokens` and returns the argmax of every token's logits: speculative decoding's
+    /// verification pass (the last generated token, then the guessed ones). A GPU backend may
+    /// override it to take the argmaxes on the device.
+    fn forward_argmax_all(&mut self, model: &Model, tokens: &[u32]) -> Result<Vec<u32>> {
+        let mut ids = vec![0; tokens.len()];
+        self.forward(model, tokens, Logits::All, &mut |i, l| ids[i] = argmax(l))?;
+        Ok(ids)
+    }
+
+    /// Runs `tokens` and leaves every token's logits in `rows`, one row after another (speculative
+    /// sampling's verification pass).
+    fn forward_logits_all(
+        &mut self,
+        model: &Model,
+        tokens: &[u32],
+        rows: &mut Vec<f32>,
+    ) -> Result<()> {
+        let vocab = model.config.vocab_size;
+        rows.resize(tokens.len() * vocab, 0.0);
+        self.forward(model, tokens, Logits::All, &mut |i, l| {
+            rows[i * vocab..(i + 1) * vocab].copy_from_slice(l)
+        })
+    }
+
+    /// `forward_logits_all` without blocking (see `forward_last_async`).
+    fn forward_logits_all_async<'a>(
+        &'a mut self,
+        model: &'a Model,
+        tokens: &'a [u32],
+        rows: &'a mut Vec<f32>,
+    ) -> LocalFuture<'a, Result<()>> {
+        let result = self.forward_logits_all(model, tokens, rows);
+        Box::pin(std::future::ready(result))
+    }
+
+    /// `forward_argmax_all` without blocking (see `forward_last_async`).
+    fn forward_argmax_all_async<'a>(
+        &'a mut self,
+        model: &'a Model,
+        tokens: &'a [u32],
+    ) -> LocalFuture<'a, Result<Vec<u32>>> {
+        let result = self.forward_argmax_all(model, tokens);
+        Box::pin(std::future::ready(result))
+    }
+
     /// The generation loop's forward pass: runs `tokens`, then returns the argmax of the last
     /// token's logits (`argmax_only`), or copies those logits into `logits` and returns 0.
     fn forward_last(

@@ -12,6 +12,7 @@ fn check_model(file: &str) {
     let mut engine = Engine::new(model, tokenizer, 1024).expect("engine");
     parity_check::check_engine(&mut engine, file, |_| true, None);
     parity_check::check_reuse(&mut engine, file, |_| true, None);
+    parity_check::check_speculative(&mut engine, file, |_| true, None);
 }
 
 #[test]

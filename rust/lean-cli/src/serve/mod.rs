@@ -19,7 +19,7 @@ use clap::Args;
 use futures_util::stream::{self, StreamExt};
 use lean::tokenizer::FullChatMessage;
 use lean::{Engine, GenerateOptions, Tokenizer};
-use openai::{ApiError, Endpoint, Input, Request, ResponseHeader, Usage};
+use openai::{ApiError, Endpoint, Input, Request, ResponseHeader};
 use serde_json::json;
 use slots::{Job, QueueFull, SlotEvent, Slots};
 use std::convert::Infallible;
@@ -60,7 +60,15 @@ pub struct ServeArgs {
     /// x-lean-dropped-messages header says how many messages).
     #[arg(long, default_value = "off", value_parser = ["auto", "off"])]
     truncation: String,
+    /// Speculative decoding by prompt lookup for requests without a constraint (no
+    /// response_format, no forced tool call): guesses of up to N tokens verified in one batched
+    /// pass. Greedy replies are the same as without it; sampled ones have the same distribution.
+    #[arg(long, value_name = "N")]
+    lookup: Option<usize>,
 }
+
+/// Guess length of speculative decoding from a request's `prediction` when `--lookup` is not set.
+const DEFAULT_PREDICTION_DRAFT: usize = 8;
 
 struct Server {
     slots: Arc<Slots>,
@@ -69,6 +77,8 @@ struct Server {
     context_length: usize,
     model_name: String,
     truncate: bool,
+    /// Prompt lookup's draft length for greedy requests (`--lookup`).
+    lookup: Option<usize>,
     started: u64,
     /// The model's logits (the vocabulary constraints are compiled over).
     vocab_size: usize,
@@ -83,6 +93,9 @@ struct Server {
 }
 
 pub fn run(args: ServeArgs) -> CliResult {
+    if args.lookup == Some(0) {
+        return Err("--lookup needs drafts of at least one token".into());
+    }
     if args.slots == 0 {
         return Err("--slots must be at least 1".into());
     }
@@ -118,6 +131,7 @@ pub fn run(args: ServeArgs) -> CliResult {
             .file_stem()
             .map_or("model".into(), |s| s.to_string_lossy().into_owned()),
         truncate: args.truncation == "auto",
+        lookup: args.lookup,
         started: unix_seconds(),
         vocab_size,
         constraint_vocab: OnceLock::new(),
@@ -262,7 +276,26 @@ async fn serve(
         sampling: request.sampling.clone(),
         stop_token_ids: None,
         constraint: prepared.constraint.clone(),
+        speculation: None,
     };
+    // Speculative decoding: `--lookup`, or a request's prediction (then guesses of up to
+    // DEFAULT_PREDICTION_DRAFT tokens unless `--lookup` says otherwise). Not with a constraint.
+    if options.constraint.is_none() {
+        let prediction = match &request.prediction {
+            Some(text) => Some(server.tokenizer.encode(text, false).map_err(|e| {
+                ApiError::invalid(
+                    Some("prediction"),
+                    format!("'prediction' cannot be tokenized: {e}"),
+                )
+            })?),
+            None => None,
+        };
+        let draft = server
+            .lookup
+            .or(prediction.as_ref().map(|_| DEFAULT_PREDICTION_DRAFT));
+        options.speculation = draft
+            .map(|n| lean::Speculation::lookup(n).with_prediction(prediction.unwrap_or_default()));
+    }
     if request.ignore_eos {
         options.stop_token_ids = Some(Vec::new());
     }
@@ -531,11 +564,7 @@ async fn whole_response(
         match event {
             SlotEvent::Text(piece) => text.push_str(&piece),
             SlotEvent::Done(outcome) => {
-                let usage = Usage {
-                    prompt_tokens: outcome.prompt_tokens,
-                    completion_tokens: outcome.completion_tokens,
-                    cached_tokens: outcome.cached_tokens,
-                };
+                let usage = outcome.usage();
                 let calls = tools
                     .as_ref()
                     .and_then(|(syntax, tools)| tools::parse_output(&text, *syntax, tools));
@@ -614,11 +643,7 @@ fn stream_response(
                         include_usage,
                     )));
                     if include_usage {
-                        events.push(data(header.usage_chunk(Usage {
-                            prompt_tokens: outcome.prompt_tokens,
-                            completion_tokens: outcome.completion_tokens,
-                            cached_tokens: outcome.cached_tokens,
-                        })));
+                        events.push(data(header.usage_chunk(outcome.usage())));
                     }
                     events
                 }

@@ -104,6 +104,9 @@ pub struct Request {
     pub template_kwargs: Map<String, Value>,
     /// `tools` with `tool_choice` (chat only); `None` without tools or with `tool_choice: "none"`.
     pub tools: Option<Tools>,
+    /// `prediction` (OpenAI's predicted outputs): text the reply is expected to resemble, used as
+    /// speculative decoding's guesses.
+    pub prediction: Option<String>,
     pub stream: bool,
     pub include_usage: bool,
 }
@@ -264,9 +267,44 @@ pub fn parse_request(
         constraint,
         template_kwargs: parse_template_kwargs(fields.get("chat_template_kwargs"), endpoint)?,
         tools,
+        prediction: parse_prediction(fields.get("prediction"))?,
         stream,
         include_usage,
     })
+}
+
+/// `prediction`: `{"type": "content", "content": text or an array of text parts}`.
+fn parse_prediction(prediction: Option<&Value>) -> Result<Option<String>, ApiError> {
+    let Some(prediction) = prediction else {
+        return Ok(None);
+    };
+    let bad = |what: &str| Err(ApiError::invalid(Some("prediction"), what));
+    let Some(object) = prediction.as_object() else {
+        return bad("'prediction' must be an object: {\"type\": \"content\", \"content\": ...}");
+    };
+    if object.get("type").and_then(Value::as_str) != Some("content") {
+        return bad("'prediction.type' must be \"content\"");
+    }
+    match object.get("content") {
+        Some(Value::String(text)) => Ok(Some(text.clone())),
+        Some(Value::Array(parts)) => {
+            let texts =
+                parts
+                    .iter()
+                    .map(|part| {
+                        match (part.get("type").and_then(Value::as_str), part.get("text")) {
+                    (Some("text"), Some(Value::String(text))) => Ok(text.as_str()),
+                    _ => Err(ApiError::invalid(
+                        Some("prediction.content"),
+                        "'prediction.content' parts must be {\"type\": \"text\", \"text\": ...}",
+                    )),
+                }
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+            Ok(Some(texts.concat()))
+        }
+        _ => bad("'prediction.content' must be a string or an array of text parts"),
+    }
 }
 
 /// `chat_template_kwargs`: an object of extra chat-template variables (chat completions only).
@@ -668,6 +706,9 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens whose keys and values came from the slot's cache.
     pub cached_tokens: usize,
+    /// Speculative decoding's guesses kept and refused (OpenAI reports them for predictions).
+    pub accepted_prediction_tokens: usize,
+    pub rejected_prediction_tokens: usize,
 }
 
 impl Usage {
@@ -677,6 +718,10 @@ impl Usage {
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            "completion_tokens_details": {
+                "accepted_prediction_tokens": self.accepted_prediction_tokens,
+                "rejected_prediction_tokens": self.rejected_prediction_tokens,
+            },
         })
     }
 }
@@ -1021,6 +1066,7 @@ mod tests {
             prompt_tokens: 3,
             completion_tokens: 2,
             cached_tokens: 1,
+            ..Usage::default()
         });
         assert_eq!(usage["choices"], json!([]));
         assert_eq!(usage["usage"]["total_tokens"], 5);

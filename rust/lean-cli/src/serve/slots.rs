@@ -22,6 +22,21 @@ pub struct Outcome {
     pub prompt_tokens: usize,
     pub cached_tokens: usize,
     pub completion_tokens: usize,
+    /// Speculative decoding's guesses (zeros without it).
+    pub speculation: lean::SpeculationStats,
+}
+
+impl Outcome {
+    /// OpenAI's `usage` of this generation.
+    pub fn usage(&self) -> super::openai::Usage {
+        super::openai::Usage {
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.completion_tokens,
+            cached_tokens: self.cached_tokens,
+            accepted_prediction_tokens: self.speculation.accepted,
+            rejected_prediction_tokens: self.speculation.drafted - self.speculation.accepted,
+        }
+    }
 }
 
 pub struct Job {
@@ -238,5 +253,6 @@ fn generate(engine: &mut Engine, job: &Job) -> lean::Result<Option<Outcome>> {
         prompt_tokens: generation.prompt_ids.len(),
         cached_tokens: generation.timings.cached_tokens,
         completion_tokens: generation.token_ids.len(),
+        speculation: generation.timings.speculation,
     }))
 }

@@ -183,6 +183,47 @@ impl Session for GpuSession {
         })
     }
 
+    fn forward_logits_all_async<'a>(
+        &'a mut self,
+        _model: &'a Model,
+        tokens: &'a [u32],
+        rows: &'a mut Vec<f32>,
+    ) -> LocalFuture<'a, lean::Result<()>> {
+        Box::pin(async move {
+            self.discard_ahead();
+            self.check(tokens)?;
+            let vocab = self.model.config.vocab_size;
+            rows.clear();
+            for chunk in tokens.chunks(LOGITS_CHUNK.min(self.chunk)) {
+                self.run_chunk(chunk, Output::All).map_err(to_lean)?;
+                let buffer = self.act.logits_all.as_ref().expect("made by run_chunk");
+                let logits = self
+                    .settle(self.ctx.read_f32(buffer, chunk.len() * vocab))
+                    .await
+                    .map_err(to_lean)?;
+                rows.extend_from_slice(&logits);
+            }
+            Ok(())
+        })
+    }
+
+    fn forward_argmax_all_async<'a>(
+        &'a mut self,
+        model: &'a Model,
+        tokens: &'a [u32],
+    ) -> LocalFuture<'a, lean::Result<Vec<u32>>> {
+        Box::pin(async move {
+            let mut rows = Vec::new();
+            self.forward_logits_all_async(model, tokens, &mut rows)
+                .await?;
+            let vocab = self.model.config.vocab_size;
+            Ok(rows
+                .chunks_exact(vocab)
+                .map(lean::sampling::argmax)
+                .collect())
+        })
+    }
+
     fn forward_last_async<'a>(
         &'a mut self,
         _model: &'a Model,

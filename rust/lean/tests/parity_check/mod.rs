@@ -3,7 +3,10 @@
 //! transformers float32 reference (fixtures/hf, made by scripts/gen_fixtures.py).
 #![allow(dead_code)]
 use crate::common;
-use lean::{ChatMessage, Engine, GenerateOptions, Model, Prompt, Tokenizer};
+use lean::{
+    ChatMessage, Engine, GenerateOptions, Model, Prompt, SamplingParams, Speculation,
+    SpeculationStats, Tokenizer,
+};
 use serde::Deserialize;
 
 /// Logits may differ from the reference by float32 summation order only: measured worst
@@ -182,6 +185,186 @@ pub fn check_engine(
     );
     assert!(checked > 0, "no fixture case selected");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Speculative decoding (prompt lookup) gives the reference's tokens: (a) every case's greedy ids,
+/// with guesses verified in batched passes, equal the HF reference as plain decoding's do (a
+/// difference is reported as a near-tie where the reference's margin is small: a verification
+/// pass sums like the prefill, not like one-token decoding). The guesses come from a prediction,
+/// the reference ids with every fourth one wrong, so that runs are kept and refused in every
+/// file (random weights repeat nothing for a plain lookup to find). (b) On a prompt that repeats
+/// itself (the case's prompt and reference continuation, then the prompt again) plain prompt
+/// lookup equals this engine's plain greedy output; with trained weights its guesses are
+/// accepted. (c) The sampled verification path (every row's logits, `Sampler::sample_guess`)
+/// on deterministic samplers equals their plain runs.
+/// `include` and `max_greedy` select cases and ids as for [`check_engine`].
+pub fn check_speculative(
+    engine: &mut Engine,
+    file: &str,
+    include: impl Fn(&str) -> bool,
+    max_greedy: Option<usize>,
+) {
+    let fixture = fixture_for(file);
+    let options = |n| GenerateOptions {
+        max_tokens: n,
+        stop_token_ids: Some(vec![]),
+        speculation: Some(Speculation::lookup(6)),
+        ..Default::default()
+    };
+    let mut failures = Vec::new();
+    let mut on_reference = SpeculationStats::default();
+    let mut on_repeats = SpeculationStats::default();
+    let mut on_sampled = SpeculationStats::default();
+    let add = |total: &mut SpeculationStats, s: SpeculationStats| {
+        total.verifications += s.verifications;
+        total.drafted += s.drafted;
+        total.accepted += s.accepted;
+    };
+    for case in fixture.cases.iter().filter(|c| include(&c.name)) {
+        let n = max_greedy.map_or(case.greedy_ids.len(), |m| m.min(case.greedy_ids.len()));
+        let greedy_ids = &case.greedy_ids[..n];
+        // (a) against the reference
+        let vocab = engine.model.config.vocab_size as u32;
+        let prediction: Vec<u32> = greedy_ids
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| if i % 4 == 3 { (id + 1) % vocab } else { id })
+            .collect();
+        let predicted = GenerateOptions {
+            speculation: Some(Speculation::lookup(6).with_prediction(prediction)),
+            ..options(n)
+        };
+        let g = engine
+            .generate(&Prompt::Ids(case.prompt_ids.clone()), &predicted, |_| true)
+            .unwrap();
+        add(&mut on_reference, g.timings.speculation);
+        if let Some(i) = g.token_ids.iter().zip(greedy_ids).position(|(a, b)| a != b) {
+            let step = &case.steps[i];
+            failures.push(format!(
+                "{file} {}: speculative greedy step {i}: ours {} ref {} ({}: reference margin {:.4})",
+                case.name,
+                g.token_ids[i],
+                greedy_ids[i],
+                step.mismatch_kind(),
+                step.margin()
+            ));
+        } else if g.token_ids.len() != n {
+            failures.push(format!(
+                "{file} {}: speculative: {} tokens, expected {n}",
+                case.name,
+                g.token_ids.len()
+            ));
+        }
+        // (b) a prompt that repeats: plain and speculative from the same (fresh) cache state
+        let repeats: Vec<u32> = case
+            .prompt_ids
+            .iter()
+            .chain(greedy_ids)
+            .chain(&case.prompt_ids)
+            .copied()
+            .collect();
+        // As much of it as fits the context (its end).
+        let fits = engine.context_length() - n - 1;
+        let repeats = repeats[repeats.len().saturating_sub(fits)..].to_vec();
+        engine.reset_cache();
+        let (plain, _) = greedy(engine, &repeats, n);
+        engine.reset_cache();
+        let g = engine
+            .generate(&Prompt::Ids(repeats.clone()), &options(n), |_| true)
+            .unwrap();
+        add(&mut on_repeats, g.timings.speculation);
+        if g.token_ids != plain {
+            let i = g
+                .token_ids
+                .iter()
+                .zip(&plain)
+                .position(|(a, b)| a != b)
+                .unwrap_or(n);
+            failures.push(format!(
+                "{file} {}: speculative on the repeated prompt differs from plain at step {i}:\n  spec  {:?}\n  plain {plain:?}",
+                case.name, g.token_ids
+            ));
+        }
+        // (c) the sampled verification path (every row's logits, Sampler::sample_guess) on
+        // deterministic samplers: a repetition penalty (greedy, which sees the accepted guesses)
+        // and top-k 1 at a temperature; each must equal its plain run.
+        for sampling in [
+            SamplingParams {
+                repetition_penalty: 1.3,
+                ..Default::default()
+            },
+            SamplingParams {
+                temperature: 0.7,
+                top_k: 1,
+                seed: 5,
+                ..Default::default()
+            },
+        ] {
+            let plain_options = GenerateOptions {
+                sampling: sampling.clone(),
+                ..options(n)
+            };
+            let plain_options = GenerateOptions {
+                speculation: None,
+                ..plain_options
+            };
+            engine.reset_cache();
+            let p = engine
+                .generate(&Prompt::Ids(repeats.clone()), &plain_options, |_| true)
+                .unwrap();
+            // Guesses from the plain output, every fourth one wrong: passes with runs kept and
+            // guesses refused, whatever the weights.
+            let prediction: Vec<u32> = p
+                .token_ids
+                .iter()
+                .enumerate()
+                .map(|(i, &id)| if i % 4 == 3 { (id + 1) % vocab } else { id })
+                .collect();
+            let spec_options = GenerateOptions {
+                sampling: sampling.clone(),
+                speculation: Some(Speculation::lookup(6).with_prediction(prediction)),
+                ..options(n)
+            };
+            engine.reset_cache();
+            let g = engine
+                .generate(&Prompt::Ids(repeats.clone()), &spec_options, |_| true)
+                .unwrap();
+            add(&mut on_sampled, g.timings.speculation);
+            if g.token_ids != p.token_ids {
+                failures.push(format!(
+                    "{file} {}: speculative sampling ({sampling:?}) differs from plain:\n  spec  {:?}\n  plain {:?}",
+                    case.name, g.token_ids, p.token_ids
+                ));
+            }
+        }
+    }
+    eprintln!(
+        "{file} on {}: prompt lookup on the reference prompts: {} passes, {}/{} guesses accepted; \
+         on repeated prompts: {} passes, {}/{} accepted",
+        engine.backend(),
+        on_reference.verifications,
+        on_reference.accepted,
+        on_reference.drafted,
+        on_repeats.verifications,
+        on_repeats.accepted,
+        on_repeats.drafted
+    );
+    assert!(
+        on_sampled.accepted > 0,
+        "{file}: sampled verification kept no guess: {on_sampled:?}"
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(
+        on_reference.accepted > 0 && on_reference.accepted < on_reference.drafted,
+        "{file}: the predictions' guesses were not both kept and refused: {on_reference:?}"
+    );
+    // A random-weight model need not continue a repeat; a trained one does.
+    if !file.contains("random") {
+        assert!(
+            on_repeats.accepted > 0,
+            "{file}: no guess was accepted on repeated prompts"
+        );
+    }
 }
 
 /// Greedy ids of `ids` continued for `n` tokens (no stop ids), and how many prompt tokens came

@@ -1,0 +1,147 @@
+//! `lean-cli bench-spec`: speculative decoding by prompt lookup against plain greedy decoding on
+//! three tasks (rewrite a given function, summarize a given text, open chat; the prompts are in
+//! scripts/bench-spec-tasks.json): decode tok/s of each, the speed-up, the share of guesses
+//! accepted, and whether the tokens are the same (they must be). Runs alternate plain and
+//! speculative, `--reps` times, from an empty cache each.
+use crate::{init_threads, load_model, model_and_tokenizer, new_session, CliResult, Common};
+use clap::Args;
+use lean::{ChatMessage, Engine, GenerateOptions, Generation, Prompt, Speculation};
+use serde::Deserialize;
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct BenchSpecArgs {
+    #[command(flatten)]
+    common: Common,
+    /// tokenizer.json or its directory, or `gguf` (default: next to the model, else the GGUF's).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Longest guess, in tokens.
+    #[arg(long, default_value_t = 8)]
+    lookup: usize,
+    /// Most tokens generated per task (a task may end sooner, at its end-of-turn token).
+    #[arg(long, default_value_t = 128)]
+    gen_tokens: usize,
+    /// Measured repetitions of each task and mode (the first run of all is a warm-up).
+    #[arg(long, default_value_t = 2)]
+    reps: usize,
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Deserialize)]
+struct Task {
+    name: String,
+    messages: Vec<ChatMessage>,
+}
+
+fn tasks() -> Vec<Task> {
+    serde_json::from_str(include_str!("../../../scripts/bench-spec-tasks.json"))
+        .expect("scripts/bench-spec-tasks.json is a JSON array of tasks")
+}
+
+/// The median of `xs`.
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+pub fn run(args: BenchSpecArgs) -> CliResult {
+    if args.reps == 0 || args.lookup == 0 || args.gen_tokens < 2 {
+        return Err("--reps and --lookup must be at least 1, --gen-tokens at least 2".into());
+    }
+    let threads = init_threads(args.common.threads)?;
+    let (_, tok_source) = model_and_tokenizer(&args.common, args.tokenizer.as_ref())?;
+    let (model, _) = load_model(&args.common)?;
+    let tokenizer = tok_source.load(&model.gguf)?;
+    let backend = args.common.backend.clone();
+    let mut engine = Engine::with_backend(model, tokenizer, args.common.ctx, |model, context| {
+        new_session(&backend, model, context)
+    })?;
+    let plain = GenerateOptions {
+        max_tokens: args.gen_tokens,
+        ..Default::default()
+    };
+    let speculative = GenerateOptions {
+        speculation: Some(Speculation::lookup(args.lookup)),
+        ..plain.clone()
+    };
+    let mut run = |prompt: &Prompt, options: &GenerateOptions| -> CliResult<Generation> {
+        engine.reset_cache();
+        Ok(engine.generate(prompt, options, |_| true)?)
+    };
+    let mut rows = Vec::new();
+    for (t, task) in tasks().iter().enumerate() {
+        let prompt = Prompt::Chat(task.messages.clone());
+        if t == 0 {
+            run(&prompt, &plain)?;
+        }
+        let (mut plain_tps, mut spec_tps) = (Vec::new(), Vec::new());
+        let mut same = true;
+        let mut last = None;
+        for _ in 0..args.reps {
+            let p = run(&prompt, &plain)?;
+            let s = run(&prompt, &speculative)?;
+            same &= p.token_ids == s.token_ids;
+            plain_tps.push(p.timings.decode_tokens_per_second());
+            spec_tps.push(s.timings.decode_tokens_per_second());
+            last = Some(s);
+        }
+        let s = last.expect("at least one rep");
+        let (plain_tps, spec_tps) = (median(plain_tps), median(spec_tps));
+        let stats = s.timings.speculation;
+        rows.push(serde_json::json!({
+            "task": task.name,
+            "prompt_tokens": s.timings.prompt_tokens,
+            "generated_tokens": s.timings.generated_tokens,
+            "plain_decode_tokens_per_second": plain_tps,
+            "lookup_decode_tokens_per_second": spec_tps,
+            "speedup": spec_tps / plain_tps.max(1e-9),
+            "verifications": stats.verifications,
+            "drafted_tokens": stats.drafted,
+            "accepted_tokens": stats.accepted,
+            "acceptance_rate": stats.acceptance_rate(),
+            "same_tokens": same,
+        }));
+    }
+    let all_same = rows.iter().all(|r| r["same_tokens"] == true);
+    if args.json {
+        let out = serde_json::json!({
+            "backend": engine.backend(), "threads": threads, "lookup": args.lookup,
+            "gen_tokens": args.gen_tokens, "reps": args.reps, "tasks": rows,
+        });
+        println!("{out}");
+    } else {
+        println!(
+            "{} · {} threads · prompt lookup, guesses of up to {} tokens · median of {} reps",
+            engine.backend(),
+            threads,
+            args.lookup,
+            args.reps
+        );
+        println!("task      prompt  generated  plain tok/s  lookup tok/s  speed-up  accepted  same tokens");
+        for r in &rows {
+            println!(
+                "{:<8}  {:>6}  {:>9}  {:>11.1}  {:>12.1}  {:>7.2}x  {:>4}/{:<4}  {}",
+                r["task"].as_str().unwrap_or(""),
+                r["prompt_tokens"].as_u64().unwrap_or(0),
+                r["generated_tokens"].as_u64().unwrap_or(0),
+                r["plain_decode_tokens_per_second"].as_f64().unwrap_or(0.0),
+                r["lookup_decode_tokens_per_second"].as_f64().unwrap_or(0.0),
+                r["speedup"].as_f64().unwrap_or(0.0),
+                r["accepted_tokens"].as_u64().unwrap_or(0),
+                r["drafted_tokens"].as_u64().unwrap_or(0),
+                if r["same_tokens"] == true {
+                    "yes"
+                } else {
+                    "NO"
+                }
+            );
+        }
+    }
+    if !all_same {
+        return Err("speculative decoding changed the tokens (a bug, or a near-tie between the batched and one-token passes)".into());
+    }
+    Ok(())
+}
