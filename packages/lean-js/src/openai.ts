@@ -37,6 +37,11 @@ export interface ChatCompletionCreateParamsBase {
   n?: number | null;
   /** lean: "auto" drops the oldest turns after the system messages until the prompt and max_tokens fit. */
   truncation?: "auto" | "disabled";
+  /**
+   * OpenAI's predicted outputs: text the reply is expected to resemble (e.g. the file being
+   * edited). lean guesses from it with speculative decoding: the same reply, sooner.
+   */
+  prediction?: { type: "content"; content: string | ChatCompletionContentPartText[] } | null;
   /** Aborting stops the generation within one token; the call (or the iterator) throws the reason. */
   signal?: AbortSignal;
 }
@@ -59,6 +64,8 @@ export interface CompletionUsage {
   completion_tokens: number;
   total_tokens: number;
   prompt_tokens_details: { cached_tokens: number };
+  /** Speculative decoding's guesses from `prediction` (and prompt lookup) kept and refused. */
+  completion_tokens_details: { accepted_prediction_tokens: number; rejected_prediction_tokens: number };
 }
 
 /** lean's additions to a response. */
@@ -114,7 +121,6 @@ const UNSUPPORTED: Record<string, (value: unknown) => boolean> = {
   frequency_penalty: (v) => v !== 0,
   modalities: (v) => !(Array.isArray(v) && v.every((m) => m === "text")),
   audio: () => true,
-  prediction: () => true,
 };
 
 function messageText(message: ChatCompletionMessageParam, i: number): ChatMessage {
@@ -139,6 +145,10 @@ function usage(result: GenerationResult): CompletionUsage {
     completion_tokens: result.tokenIds.length,
     total_tokens: result.promptTokens + result.tokenIds.length,
     prompt_tokens_details: { cached_tokens: result.cachedTokens },
+    completion_tokens_details: {
+      accepted_prediction_tokens: result.speculation.acceptedTokens,
+      rejected_prediction_tokens: result.speculation.draftedTokens - result.speculation.acceptedTokens,
+    },
   };
 }
 
@@ -180,6 +190,15 @@ export class ChatCompletions {
     const stop = params.stop === undefined || params.stop === null ? undefined : [params.stop].flat();
     let dropped = 0;
     if (params.truncation === "auto") ({ messages, dropped } = await this.#fit(messages, maxTokens ?? 1));
+    let prediction: string | undefined;
+    if (params.prediction !== undefined && params.prediction !== null) {
+      const { type, content } = params.prediction;
+      if (type !== "content") throw new TypeError(`prediction.type must be "content", got ${String(type)}`);
+      if (typeof content === "string") prediction = content;
+      else if (Array.isArray(content) && content.every((p) => p?.type === "text" && typeof p.text === "string")) {
+        prediction = content.map((p) => p.text).join("");
+      } else throw new TypeError("prediction.content must be a string or an array of text parts");
+    }
     const options: GenerateOptions = {
       // Without max_tokens, as OpenAI: until the end of turn or of the context.
       maxTokens: maxTokens ?? this.#engine.info.contextLength,
@@ -188,6 +207,7 @@ export class ChatCompletions {
       ...(params.seed === undefined || params.seed === null ? {} : { seed: params.seed }),
       ...(stop ? { stop } : {}),
       ...(params.signal ? { signal: params.signal } : {}),
+      ...(prediction !== undefined ? { speculative: { prediction } } : {}),
     };
     const stream = this.#engine.chat(messages, options);
     const head = {

@@ -46,9 +46,11 @@ export interface GenerateParams {
    * Speculative decoding: `{ lookup: n }` guesses up to n tokens by finding the text's last
    * tokens earlier in the prompt and output (prompt lookup) and checks the guess in one batched
    * pass. Greedy tokens are the same as without it; sampled ones have the same distribution.
-   * Code edits, summaries and extraction, which repeat their input, come faster.
+   * Code edits, summaries and extraction, which repeat their input, come faster. `prediction`:
+   * text the output is expected to resemble (the file being edited), searched first (guesses of
+   * up to `lookup` tokens, default 8).
    */
-  speculative?: { lookup: number };
+  speculative?: { lookup?: number; prediction?: string };
 }
 
 export type FinishReason = "stop" | "length" | "context_full" | "cancelled";
@@ -251,15 +253,20 @@ export function toEngineOptions(params: GenerateParams): Record<string, unknown>
     throw new TypeError("stop must be an array of non-empty strings");
   }
   let lookup: number | undefined;
+  let prediction: string | undefined;
   if (params.speculative !== undefined) {
     const spec = params.speculative as unknown;
     const keys = spec !== null && typeof spec === "object" ? Object.keys(spec) : [];
-    if (keys.length !== 1 || keys[0] !== "lookup") {
-      throw new TypeError("speculative must be { lookup: n } (prompt lookup with guesses of up to n tokens)");
+    if (keys.length === 0 || keys.some((k) => k !== "lookup" && k !== "prediction")) {
+      throw new TypeError("speculative must be { lookup?: n, prediction?: text } (prompt lookup with guesses of up to n tokens)");
     }
-    lookup = params.speculative.lookup;
+    ({ lookup, prediction } = params.speculative);
     checkCount("speculative.lookup", lookup);
-    if (lookup < 1) throw new TypeError("speculative.lookup must be at least 1");
+    if (lookup !== undefined && lookup < 1) throw new TypeError("speculative.lookup must be at least 1");
+    if (prediction !== undefined && typeof prediction !== "string") {
+      throw new TypeError("speculative.prediction must be a string");
+    }
+    if (lookup === undefined && prediction === undefined) throw new TypeError("speculative needs lookup or prediction");
   }
   const options: Record<string, unknown> = {
     max_tokens: params.maxTokens,
@@ -271,6 +278,7 @@ export function toEngineOptions(params: GenerateParams): Record<string, unknown>
     seed: params.seed,
     stop_token_ids: params.stopTokenIds,
     lookup,
+    prediction,
   };
   for (const key of Object.keys(options)) if (options[key] === undefined) delete options[key];
   return options;

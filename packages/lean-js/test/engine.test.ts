@@ -455,8 +455,10 @@ describe("protocol helpers", () => {
     expect(toEngineOptions({ speculative: { lookup: 6 } })).toEqual({ lookup: 6 });
     expect(() => toEngineOptions({ speculative: { lookup: 0 } })).toThrow(/at least 1/);
     expect(() => toEngineOptions({ speculative: { lookup: 2.5 } })).toThrow(/whole number/);
-    expect(() => toEngineOptions({ speculative: { draft: "x" } as never })).toThrow(/lookup: n/);
-    expect(() => toEngineOptions({ speculative: null as never })).toThrow(/lookup: n/);
+    expect(() => toEngineOptions({ speculative: { draft: "x" } as never })).toThrow(/lookup\?: n/);
+    expect(toEngineOptions({ speculative: { prediction: "def f():" } })).toEqual({ prediction: "def f():" });
+    expect(() => toEngineOptions({ speculative: {} })).toThrow(/lookup\?: n/);
+    expect(() => toEngineOptions({ speculative: null as never })).toThrow(/lookup\?: n/);
   });
 });
 
@@ -471,6 +473,21 @@ describe("engine.chat.completions (OpenAI's shape)", () => {
     worker.reply({ type: "done", id: request.id, result: done, cachedTokens: 40 });
     return request;
   }
+
+  it("passes a prediction on as speculative decoding's guesses and refuses a malformed one", async () => {
+    const { engine, worker } = await started();
+    const pending = engine.chat.completions.create({
+      messages,
+      temperature: 0,
+      prediction: { type: "content", content: [{ type: "text", text: "def f" }, { type: "text", text: "():" }] },
+    });
+    const request = await answer(worker, ["def"], "stop", 0);
+    expect(request.params).toMatchObject({ speculative: { prediction: "def f():" } });
+    await pending;
+    await expect(
+      engine.chat.completions.create({ messages, prediction: { type: "text", content: "x" } } as never),
+    ).rejects.toThrow(/prediction.type must be "content"/);
+  });
 
   it("returns a ChatCompletion with OpenAI's fields, usage and cached tokens", async () => {
     const { engine, worker } = await started();
@@ -508,7 +525,8 @@ describe("engine.chat.completions (OpenAI's shape)", () => {
       [{ content: "a" }, null, null],
       [{ content: "b" }, null, null],
       [{}, "length", null],
-      [undefined, undefined, { prompt_tokens: 3, completion_tokens: 3, total_tokens: 6, prompt_tokens_details: { cached_tokens: 0 } }],
+      [undefined, undefined, { prompt_tokens: 3, completion_tokens: 3, total_tokens: 6, prompt_tokens_details: { cached_tokens: 0 },
+        completion_tokens_details: { accepted_prediction_tokens: 0, rejected_prediction_tokens: 0 } }],
     ]);
     expect(new Set(chunks.map((c) => c.id)).size).toBe(1);
     expect(chunks.every((c) => c.object === "chat.completion.chunk")).toBe(true);

@@ -339,8 +339,11 @@ struct OptionsJson {
     repetition_penalty: f32,
     seed: u64,
     stop_token_ids: Option<Vec<u32>>,
-    /// Speculative decoding by prompt lookup: guesses of up to this many tokens (greedy only).
+    /// Speculative decoding by prompt lookup: guesses of up to this many tokens.
     lookup: Option<usize>,
+    /// Text the output is expected to resemble: speculative decoding's first source of guesses
+    /// (of up to `lookup` tokens, default 8).
+    prediction: Option<String>,
 }
 
 impl Default for OptionsJson {
@@ -357,6 +360,7 @@ impl Default for OptionsJson {
             seed: s.seed,
             stop_token_ids: options.stop_token_ids,
             lookup: None,
+            prediction: None,
         }
     }
 }
@@ -724,13 +728,22 @@ fn request(
 ) -> Result<(Prompt, GenerateOptions), JsError> {
     let prompt: PromptJson = serde_json::from_str(prompt_json)
         .map_err(|e| js_error(format!("invalid prompt JSON: {e}")))?;
-    let options: OptionsJson = serde_json::from_str(options_json)
+    let mut options: OptionsJson = serde_json::from_str(options_json)
         .map_err(|e| js_error(format!("invalid options JSON: {e}")))?;
+    let prediction = match options.prediction.take() {
+        Some(text) => Some(engine.tokenizer.encode(&text, false).map_err(js_error)?),
+        None => None,
+    };
+    let mut generate: GenerateOptions = options.into();
+    if let Some(ids) = prediction {
+        let spec = generate.speculation.take().unwrap_or(lean::Speculation::lookup(8));
+        generate.speculation = Some(spec.with_prediction(ids));
+    }
     // Templates that print the date read it from here: wasm32 has no clock in std.
     engine
         .tokenizer
         .set_template_time(Some((js_sys::Date::now() / 1000.0) as i64));
-    Ok((prompt.into(), options.into()))
+    Ok((prompt.into(), generate))
 }
 
 /// Ends `active`: appends the text held back to the end to `tokens` (as a last token, with the
