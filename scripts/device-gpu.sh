@@ -55,13 +55,18 @@ for name in ["qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "smollm2-135m-instruct-q
     with open(os.path.join(d, "size"), "w") as size:
         size.write(str(os.path.getsize(path)))
 EOF
+    prepare_gl
+    du -sh .devbin .gl
+}
+
+# The Vulkan loader and libglvnd .debs into .gl/ (the machine there has neither).
+prepare_gl() {
     if ! ls .gl/*.deb >/dev/null 2>&1; then
         mkdir -p .gl /tmp/amd64/partial
         local o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
         apt-get $o update >/dev/null
         (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
     fi
-    du -sh .devbin .gl
 }
 
 run_there() {
@@ -113,6 +118,7 @@ run_there() {
 
 case "${1:-run}" in
     prepare) prepare ;;
+    prepare-gl) set -e; prepare_gl ;;
     run) run_there ;;
-    *) echo "usage: $0 [prepare|run]" >&2; exit 2 ;;
+    *) echo "usage: $0 [prepare|prepare-gl|run]" >&2; exit 2 ;;
 esac

@@ -1,9 +1,11 @@
-//! `lean-cli bench-spec`: speculative decoding by prompt lookup against plain greedy decoding on
-//! three tasks (rewrite a given function, summarize a given text, open chat; the prompts are in
-//! scripts/bench-spec-tasks.json): decode tok/s of each, the speed-up, the share of guesses
-//! accepted, and whether the tokens are the same (they must be). Runs alternate plain and
-//! speculative, `--reps` times, from an empty cache each.
-use crate::{init_threads, load_model, model_and_tokenizer, new_session, CliResult, Common};
+//! `lean-cli bench-spec`: speculative decoding by prompt lookup (and by a draft model, with
+//! `--draft`) against plain greedy decoding on three tasks (rewrite a given function, summarize a
+//! given text, open chat; the prompts are in scripts/bench-spec-tasks.json): decode tok/s of
+//! each, the speed-up, the share of guesses accepted, and whether the tokens are the same (they
+//! must be). Runs alternate plain and speculative, `--reps` times, from an empty cache each.
+use crate::{
+    init_threads, load_draft_model, load_model, model_and_tokenizer, new_session, CliResult, Common,
+};
 use clap::Args;
 use lean::{ChatMessage, Engine, GenerateOptions, Generation, Prompt, Speculation};
 use serde::Deserialize;
@@ -19,6 +21,12 @@ pub struct BenchSpecArgs {
     /// Longest guess, in tokens.
     #[arg(long, default_value_t = 8)]
     lookup: usize,
+    /// Also speculate with this draft model (same vocabulary), on the same backend.
+    #[arg(long, value_name = "FILE")]
+    draft: Option<PathBuf>,
+    /// The draft model's longest guess, in tokens.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    draft_max: usize,
     /// Most tokens generated per task (a task may end sooner, at its end-of-turn token).
     #[arg(long, default_value_t = 128)]
     gen_tokens: usize,
@@ -48,8 +56,10 @@ fn median(mut xs: Vec<f64>) -> f64 {
 }
 
 pub fn run(args: BenchSpecArgs) -> CliResult {
-    if args.reps == 0 || args.lookup == 0 || args.gen_tokens < 2 {
-        return Err("--reps and --lookup must be at least 1, --gen-tokens at least 2".into());
+    if args.reps == 0 || args.lookup == 0 || args.draft_max == 0 || args.gen_tokens < 2 {
+        return Err(
+            "--reps, --lookup and --draft-max must be at least 1, --gen-tokens at least 2".into(),
+        );
     }
     let threads = init_threads(args.common.threads)?;
     let (_, tok_source) = model_and_tokenizer(&args.common, args.tokenizer.as_ref())?;
@@ -59,12 +69,19 @@ pub fn run(args: BenchSpecArgs) -> CliResult {
     let mut engine = Engine::with_backend(model, tokenizer, args.common.ctx, |model, context| {
         new_session(&backend, model, context)
     })?;
+    if let Some(draft) = &args.draft {
+        load_draft_model(&mut engine, draft, &backend)?;
+    }
     let plain = GenerateOptions {
         max_tokens: args.gen_tokens,
         ..Default::default()
     };
     let speculative = GenerateOptions {
         speculation: Some(Speculation::lookup(args.lookup)),
+        ..plain.clone()
+    };
+    let drafted = GenerateOptions {
+        speculation: Some(Speculation::draft_model(args.draft_max)),
         ..plain.clone()
     };
     let mut run = |prompt: &Prompt, options: &GenerateOptions| -> CliResult<Generation> {
@@ -77,9 +94,9 @@ pub fn run(args: BenchSpecArgs) -> CliResult {
         if t == 0 {
             run(&prompt, &plain)?;
         }
-        let (mut plain_tps, mut spec_tps) = (Vec::new(), Vec::new());
+        let (mut plain_tps, mut spec_tps, mut draft_tps) = (Vec::new(), Vec::new(), Vec::new());
         let mut same = true;
-        let mut last = None;
+        let (mut last, mut last_draft) = (None, None);
         for _ in 0..args.reps {
             let p = run(&prompt, &plain)?;
             let s = run(&prompt, &speculative)?;
@@ -87,10 +104,28 @@ pub fn run(args: BenchSpecArgs) -> CliResult {
             plain_tps.push(p.timings.decode_tokens_per_second());
             spec_tps.push(s.timings.decode_tokens_per_second());
             last = Some(s);
+            if args.draft.is_some() {
+                let d = run(&prompt, &drafted)?;
+                same &= p.token_ids == d.token_ids;
+                draft_tps.push(d.timings.decode_tokens_per_second());
+                last_draft = Some(d);
+            }
         }
         let s = last.expect("at least one rep");
         let (plain_tps, spec_tps) = (median(plain_tps), median(spec_tps));
         let stats = s.timings.speculation;
+        let draft = last_draft.map(|d| {
+            let stats = d.timings.speculation;
+            let tps = median(draft_tps);
+            serde_json::json!({
+                "decode_tokens_per_second": tps,
+                "speedup": tps / plain_tps.max(1e-9),
+                "verifications": stats.verifications,
+                "drafted_tokens": stats.drafted,
+                "accepted_tokens": stats.accepted,
+                "acceptance_rate": stats.acceptance_rate(),
+            })
+        });
         rows.push(serde_json::json!({
             "task": task.name,
             "prompt_tokens": s.timings.prompt_tokens,
@@ -102,6 +137,7 @@ pub fn run(args: BenchSpecArgs) -> CliResult {
             "drafted_tokens": stats.drafted,
             "accepted_tokens": stats.accepted,
             "acceptance_rate": stats.acceptance_rate(),
+            "draft_model": draft,
             "same_tokens": same,
         }));
     }
@@ -109,6 +145,7 @@ pub fn run(args: BenchSpecArgs) -> CliResult {
     if args.json {
         let out = serde_json::json!({
             "backend": engine.backend(), "threads": threads, "lookup": args.lookup,
+            "draft_model": engine.draft_model(), "draft_max": args.draft_max,
             "gen_tokens": args.gen_tokens, "reps": args.reps, "tasks": rows,
         });
         println!("{out}");
@@ -120,10 +157,35 @@ pub fn run(args: BenchSpecArgs) -> CliResult {
             args.lookup,
             args.reps
         );
-        println!("task      prompt  generated  plain tok/s  lookup tok/s  speed-up  accepted  same tokens");
-        for r in &rows {
+        if let Some(draft) = engine.draft_model() {
             println!(
-                "{:<8}  {:>6}  {:>9}  {:>11.1}  {:>12.1}  {:>7.2}x  {:>4}/{:<4}  {}",
+                "draft model: {draft}, guesses of up to {} tokens",
+                args.draft_max
+            );
+        }
+        let draft_header = if args.draft.is_some() {
+            "  draft tok/s  speed-up  accepted"
+        } else {
+            ""
+        };
+        println!(
+            "task      prompt  generated  plain tok/s  lookup tok/s  speed-up  accepted {draft_header}  same tokens"
+        );
+        for r in &rows {
+            let draft = &r["draft_model"];
+            let draft_columns = if draft.is_null() {
+                String::new()
+            } else {
+                format!(
+                    "  {:>11.1}  {:>7.2}x  {:>4}/{:<4}",
+                    draft["decode_tokens_per_second"].as_f64().unwrap_or(0.0),
+                    draft["speedup"].as_f64().unwrap_or(0.0),
+                    draft["accepted_tokens"].as_u64().unwrap_or(0),
+                    draft["drafted_tokens"].as_u64().unwrap_or(0),
+                )
+            };
+            println!(
+                "{:<8}  {:>6}  {:>9}  {:>11.1}  {:>12.1}  {:>7.2}x  {:>4}/{:<4}{}  {}",
                 r["task"].as_str().unwrap_or(""),
                 r["prompt_tokens"].as_u64().unwrap_or(0),
                 r["generated_tokens"].as_u64().unwrap_or(0),
@@ -132,6 +194,7 @@ pub fn run(args: BenchSpecArgs) -> CliResult {
                 r["speedup"].as_f64().unwrap_or(0.0),
                 r["accepted_tokens"].as_u64().unwrap_or(0),
                 r["drafted_tokens"].as_u64().unwrap_or(0),
+                draft_columns,
                 if r["same_tokens"] == true {
                     "yes"
                 } else {

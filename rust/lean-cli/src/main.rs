@@ -111,6 +111,14 @@ struct RunArgs {
     /// is the same as without it; sampled output has the same distribution.
     #[arg(long, value_name = "N")]
     lookup: Option<usize>,
+    /// Speculative decoding by a draft model: a smaller GGUF with the same vocabulary (e.g.
+    /// SmolLM2-135M for SmolLM2-1.7B) guesses greedily on the same backend, and the guesses are
+    /// verified as with --lookup.
+    #[arg(long, value_name = "FILE", conflicts_with = "lookup")]
+    draft: Option<PathBuf>,
+    /// The draft model's longest guess, in tokens (default 8).
+    #[arg(long, value_name = "N", requires = "draft")]
+    draft_max: Option<usize>,
     /// Structured output: the reply is any JSON object.
     #[arg(long, group = "constraint")]
     json_object: bool,
@@ -201,6 +209,21 @@ pub fn new_session(backend: &str, model: &Model, context: usize) -> lean::Result
     let session =
         GpuSession::new(Arc::new(gpu), Arc::new(kernels), model, context).map_err(gpu_error)?;
     Ok(Box::new(session))
+}
+
+/// Loads the GGUF at `path` as `engine`'s draft model, on `backend` (its description goes to
+/// stderr).
+pub fn load_draft_model(engine: &mut Engine, path: &Path, backend: &str) -> CliResult<()> {
+    let model = Model::load_file(path).map_err(|e| format!("--draft {}: {e}", path.display()))?;
+    engine
+        .set_draft_model(model, |model, context| new_session(backend, model, context))
+        .map_err(|e| format!("--draft {}: {e}", path.display()))?;
+    eprintln!(
+        "lean: draft model {} ({})",
+        path.display(),
+        engine.draft_model().unwrap_or_default()
+    );
+    Ok(())
 }
 
 pub fn load_model(common: &Common) -> CliResult<(Model, f64)> {
@@ -346,6 +369,9 @@ fn run(args: RunArgs) -> CliResult {
     let mut engine = Engine::with_backend(model, tokenizer, args.common.ctx, |model, context| {
         new_session(&backend, model, context)
     })?;
+    if let Some(draft) = &args.draft {
+        load_draft_model(&mut engine, draft, &backend)?;
+    }
     let load_seconds = load_seconds + t.elapsed().as_secs_f64();
     eprintln!(
         "lean: loaded in {:.2}s · backend {} · context {}",
@@ -366,7 +392,11 @@ fn run(args: RunArgs) -> CliResult {
         },
         stop_token_ids: None,
         constraint: args.constraint()?,
-        speculation: args.lookup.map(lean::Speculation::lookup),
+        speculation: match (args.lookup, &args.draft) {
+            (Some(n), _) => Some(lean::Speculation::lookup(n)),
+            (None, Some(_)) => Some(lean::Speculation::draft_model(args.draft_max.unwrap_or(8))),
+            (None, None) => None,
+        },
     };
     // A chat with extra template variables is rendered here and goes in as ids.
     let prompt = match (&prompt, &template_kwargs) {
@@ -397,9 +427,13 @@ fn run(args: RunArgs) -> CliResult {
         generation.finish_reason.as_str()
     );
     let spec = &t.speculation;
-    if options.speculation.is_some() {
+    if let Some(speculation) = &options.speculation {
         eprintln!(
-            "lean: prompt lookup: {} verification passes, {} of {} guessed tokens accepted ({:.0}%)",
+            "lean: {}: {} verification passes, {} of {} guessed tokens accepted ({:.0}%)",
+            match speculation {
+                lean::Speculation::Lookup { .. } => "prompt lookup",
+                lean::Speculation::DraftModel { .. } => "draft model",
+            },
             spec.verifications,
             spec.accepted,
             spec.drafted,

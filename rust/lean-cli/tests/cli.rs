@@ -6,9 +6,14 @@ use common::models;
 use std::process::Command;
 
 fn fixture_case(name: &str) -> serde_json::Value {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../fixtures/hf/smollm2-135m-instruct-q4_0.json"
+    fixture_case_of("smollm2-135m-instruct-q4_0", name)
+}
+
+/// A case of the HF fixture of the model file `stem` (.gguf).
+fn fixture_case_of(stem: &str, name: &str) -> serde_json::Value {
+    let path = format!(
+        "{}/../../fixtures/hf/{stem}.json",
+        env!("CARGO_MANIFEST_DIR")
     );
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     doc["cases"]
@@ -517,4 +522,72 @@ fn bench_spec_reports_the_same_tokens_for_every_task() {
             .any(|t| t["accepted_tokens"].as_u64().unwrap() > 0),
         "{r}"
     );
+}
+
+#[test]
+fn a_draft_model_gives_the_reference_ids_and_another_vocabulary_is_refused() {
+    let Some(m) = models() else { return };
+    let model = m.join("smollm2-135m-instruct-q8_0.gguf");
+    let draft = m.join("smollm2-135m-instruct-q4_0.gguf");
+    let case = fixture_case_of("smollm2-135m-instruct-q8_0", "raw_code");
+    let (ok, stdout, stderr) = lean(&[
+        "--model",
+        model.to_str().unwrap(),
+        "--raw",
+        "--prompt",
+        case["prompt"].as_str().unwrap(),
+        "--json",
+        "--tokens",
+        "24",
+        "--threads",
+        "2",
+        "--draft",
+        draft.to_str().unwrap(),
+        "--draft-max",
+        "4",
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("draft model:"), "{stderr}");
+    let out: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let ours = ids(&out["token_ids"]);
+    assert_eq!(ours[..], ids(&case["greedy_ids"])[..ours.len()]);
+    let spec = &out["timings"]["speculation"];
+    assert!(spec["accepted_tokens"].as_u64().unwrap() > 0, "{spec}");
+
+    // Qwen's vocabulary is not SmolLM2's: refused before anything runs, naming both sizes.
+    let qwen = m.join("qwen2.5-coder-0.5b-instruct-q4_0.gguf");
+    let (ok, _, stderr) = lean(&[
+        "--model",
+        model.to_str().unwrap(),
+        "-p",
+        "Hi",
+        "--draft",
+        qwen.to_str().unwrap(),
+    ]);
+    assert!(!ok, "a draft model with another vocabulary ran");
+    assert!(
+        stderr.contains("--draft") && stderr.contains("151936 tokens, the model's 49152"),
+        "{stderr}"
+    );
+    // --draft-max needs --draft; --draft and --lookup are one or the other.
+    let (ok, _, _) = lean(&[
+        "--model",
+        model.to_str().unwrap(),
+        "-p",
+        "Hi",
+        "--draft-max",
+        "3",
+    ]);
+    assert!(!ok);
+    let (ok, _, _) = lean(&[
+        "--model",
+        model.to_str().unwrap(),
+        "-p",
+        "Hi",
+        "--lookup",
+        "3",
+        "--draft",
+        draft.to_str().unwrap(),
+    ]);
+    assert!(!ok);
 }

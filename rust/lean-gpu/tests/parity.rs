@@ -82,6 +82,35 @@ fn check_model(
     }
 }
 
+/// Speculative decoding by a draft model with both on the GPU: SmolLM2's Q4_0 file guessing
+/// for its Q8_0 file keeps the reference's greedy ids (all cases on a real GPU, one short case
+/// on lavapipe).
+#[test]
+fn smollm2_q8_0_drafted_by_q4_0() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let file = "smollm2-135m-instruct-q8_0.gguf";
+    let Some((model, tokenizer)) = parity_check::load(file) else {
+        return;
+    };
+    let Some((draft, _)) = parity_check::load("smollm2-135m-instruct-q4_0.gguf") else {
+        return;
+    };
+    let session = |model: &lean::Model, context: usize| {
+        let session = GpuSession::new(ctx.clone(), kernels.clone(), model, context)
+            .map_err(|e| lean::LeanError::Backend(e.to_string()))?;
+        Ok(Box::new(session) as Box<dyn Session>)
+    };
+    let mut engine = Engine::with_backend(model, tokenizer, 1024, session).expect("engine");
+    engine
+        .set_draft_model(draft, session)
+        .expect("a sibling drafts");
+    if full() {
+        parity_check::check_draft_model(&mut engine, file, |_| true, None);
+    } else {
+        parity_check::check_draft_model(&mut engine, file, |name| name == "raw_code", Some(8));
+    }
+}
+
 #[test]
 fn smollm2_q4_1() {
     check_model(

@@ -15,7 +15,7 @@ use crate::error::{LeanError, Result};
 use crate::model::Model;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::session::{Logits, Session};
-use crate::speculative::{accepted_prefix, Drafter, Speculation, SpeculationStats};
+use crate::speculative::{accepted_prefix, DraftModel, Drafter, Speculation, SpeculationStats};
 use lean_constraint::{Constraint, ConstraintSpec, Vocabulary};
 use lean_tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
 use std::collections::VecDeque;
@@ -141,6 +141,8 @@ pub struct Engine {
     /// The vocabulary as the constraint library sees it (token bytes, trie), made on the first
     /// constrained generation, with the stop ids it was made for.
     constraint_vocab: Option<Arc<Vocabulary>>,
+    /// The model that guesses for `Speculation::DraftModel`.
+    draft: Option<DraftModel>,
 }
 
 /// Wall-clock seconds, where the platform has a clock (wasm32-unknown-unknown has none in std).
@@ -183,7 +185,28 @@ impl Engine {
             // One id per cache position, allocated once: tokens never grow it.
             cached: Vec::with_capacity(ctx),
             constraint_vocab: None,
+            draft: None,
         })
+    }
+
+    /// Gives the engine a draft model for `Speculation::DraftModel`: a smaller model with the
+    /// same vocabulary (else an `InvalidArgument` naming the difference), its session made by
+    /// `new_session(model, context_length)` with this engine's context length (capped at the
+    /// draft model's). Replaces an earlier one.
+    pub fn set_draft_model(
+        &mut self,
+        model: Model,
+        new_session: impl FnOnce(&Model, usize) -> Result<Box<dyn Session>>,
+    ) -> Result<()> {
+        let ctx = Self::capped_context(&model, self.context_length())?;
+        let session = new_session(&model, ctx)?;
+        self.draft = Some(DraftModel::new(model, session, &self.model.vocabulary()?)?);
+        Ok(())
+    }
+
+    /// The draft model and its backend, in one line, when there is one.
+    pub fn draft_model(&self) -> Option<String> {
+        self.draft.as_ref().map(DraftModel::describe)
     }
 
     /// The context length a session gets: the requested one, capped at the model's.
@@ -382,11 +405,6 @@ impl Engine {
         let drafter = match &options.speculation {
             None => None,
             Some(spec) => {
-                let Speculation::Lookup {
-                    max_ngram,
-                    max_draft,
-                    ..
-                } = *spec;
                 if constraint.is_some() {
                     return Err(LeanError::InvalidArgument(
                         "speculative decoding does not combine with a constraint (JSON schema, \
@@ -394,10 +412,29 @@ impl Engine {
                             .into(),
                     ));
                 }
-                if max_draft == 0 || max_ngram == 0 {
-                    return Err(LeanError::InvalidArgument(
-                        "prompt lookup needs drafts and n-grams of at least one token".into(),
-                    ));
+                match *spec {
+                    Speculation::Lookup {
+                        max_ngram,
+                        max_draft,
+                        ..
+                    } if max_draft == 0 || max_ngram == 0 => {
+                        return Err(LeanError::InvalidArgument(
+                            "prompt lookup needs drafts and n-grams of at least one token".into(),
+                        ));
+                    }
+                    Speculation::DraftModel { max_draft: 0 } => {
+                        return Err(LeanError::InvalidArgument(
+                            "a draft model needs drafts of at least one token".into(),
+                        ));
+                    }
+                    Speculation::DraftModel { .. } if self.draft.is_none() => {
+                        return Err(LeanError::InvalidArgument(
+                            "speculation by a draft model needs one: load it first \
+                             (Engine::set_draft_model, lean-cli --draft FILE)"
+                                .into(),
+                        ));
+                    }
+                    _ => {}
                 }
                 Some(Drafter::new(spec))
             }
@@ -472,30 +509,36 @@ impl Engine {
                 active.next_argmax = next;
                 active.decided = true;
                 Ok(())
-            } else if let Some(pass) = self.speculation_pass(active, id) {
-                let verified = if active.argmax_only {
-                    self.session
-                        .forward_argmax_all(&self.model, &pass)
-                        .map(Some)
-                } else {
-                    let rows = &mut active.pass_logits;
-                    self.session
-                        .forward_logits_all(&self.model, &pass, rows)
-                        .map(|()| None)
-                };
-                self.settle_verification(active, &pass, verified)
             } else {
-                if active.argmax_only {
-                    let queue_next = active.may_continue();
-                    self.session.decode_argmax(&self.model, id, queue_next)
-                } else {
-                    self.session
-                        .forward_last(&self.model, &[id], false, &mut active.logits)
+                match self.speculation_pass(active, id) {
+                    Err(e) => Err(e),
+                    Ok(Some(pass)) => {
+                        let verified = if active.argmax_only {
+                            self.session
+                                .forward_argmax_all(&self.model, &pass)
+                                .map(Some)
+                        } else {
+                            let rows = &mut active.pass_logits;
+                            self.session
+                                .forward_logits_all(&self.model, &pass, rows)
+                                .map(|()| None)
+                        };
+                        self.settle_verification(active, &pass, verified)
+                    }
+                    Ok(None) => if active.argmax_only {
+                        // A pass queued ahead is discarded by a verification pass: none when
+                        // speculating.
+                        let queue_next = active.may_continue() && active.drafter.is_none();
+                        self.session.decode_argmax(&self.model, id, queue_next)
+                    } else {
+                        self.session
+                            .forward_last(&self.model, &[id], false, &mut active.logits)
+                    }
+                    .map(|next| {
+                        active.next_argmax = next;
+                        self.cached.push(id);
+                    }),
                 }
-                .map(|next| {
-                    active.next_argmax = next;
-                    self.cached.push(id);
-                })
             };
         }
         let step = result.and_then(|()| self.sample_next(active));
@@ -504,24 +547,33 @@ impl Engine {
 
     /// The tokens of a speculative step's batched pass: the last generated token `id`, then a
     /// guess of the ones after it. `None` when the generation does not speculate or the drafter
-    /// has no guess (a plain step then).
-    fn speculation_pass(&self, active: &ActiveGeneration, id: u32) -> Option<Vec<u32>> {
-        let drafter = active.drafter.as_ref()?;
+    /// has no guess (a plain step then). A draft model guesses synchronously, also in
+    /// `step_async`.
+    fn speculation_pass(&mut self, active: &ActiveGeneration, id: u32) -> Result<Option<Vec<u32>>> {
+        let Some(drafter) = active.drafter.as_ref() else {
+            return Ok(None);
+        };
         // Guesses past max_tokens or the context would be wasted work: the step that emits the
         // model's own next token needs one of each.
         let room_in_output = active
             .max_tokens
             .saturating_sub(active.token_ids().len() + 1);
         let room_in_cache = self.session.context_length() - self.session.position() - 1;
-        let output = active.token_ids().len();
-        let draft = drafter.draft(&active.ids, output, room_in_output.min(room_in_cache));
+        let limit = room_in_output.min(room_in_cache);
+        let draft = if drafter.uses_draft_model() {
+            let draft_model = self.draft.as_mut().expect("checked in prepare");
+            let vocab = self.model.config.vocab_size;
+            draft_model.propose(&active.ids, drafter.next_length(limit), vocab)?
+        } else {
+            drafter.draft(&active.ids, active.token_ids().len(), limit)
+        };
         if draft.is_empty() {
-            return None;
+            return Ok(None);
         }
         let mut pass = Vec::with_capacity(1 + draft.len());
         pass.push(id);
         pass.extend_from_slice(&draft);
-        Some(pass)
+        Ok(Some(pass))
     }
 
     /// Books a verification pass over `pass` (the last token, then the guess), given the
@@ -592,33 +644,40 @@ impl Engine {
                 active.next_argmax = next;
                 active.decided = true;
                 Ok(())
-            } else if let Some(pass) = self.speculation_pass(active, id) {
-                let verified = if active.argmax_only {
-                    let argmaxes = self.session.forward_argmax_all_async(&self.model, &pass);
-                    argmaxes.await.map(Some)
-                } else {
-                    let rows = &mut active.pass_logits;
-                    let logits = self
-                        .session
-                        .forward_logits_all_async(&self.model, &pass, rows);
-                    logits.await.map(|()| None)
-                };
-                self.settle_verification(active, &pass, verified)
             } else {
-                if active.argmax_only {
-                    let queue_next = active.may_continue();
-                    self.session
-                        .decode_argmax_async(&self.model, id, queue_next)
-                        .await
-                } else {
-                    self.session
-                        .forward_last_async(&self.model, &tokens, false, &mut active.logits)
-                        .await
+                match self.speculation_pass(active, id) {
+                    Err(e) => Err(e),
+                    Ok(Some(pass)) => {
+                        let verified = if active.argmax_only {
+                            let argmaxes =
+                                self.session.forward_argmax_all_async(&self.model, &pass);
+                            argmaxes.await.map(Some)
+                        } else {
+                            let rows = &mut active.pass_logits;
+                            let logits =
+                                self.session
+                                    .forward_logits_all_async(&self.model, &pass, rows);
+                            logits.await.map(|()| None)
+                        };
+                        self.settle_verification(active, &pass, verified)
+                    }
+                    Ok(None) => if active.argmax_only {
+                        // A pass queued ahead is discarded by a verification pass: none when
+                        // speculating.
+                        let queue_next = active.may_continue() && active.drafter.is_none();
+                        self.session
+                            .decode_argmax_async(&self.model, id, queue_next)
+                            .await
+                    } else {
+                        self.session
+                            .forward_last_async(&self.model, &tokens, false, &mut active.logits)
+                            .await
+                    }
+                    .map(|next| {
+                        active.next_argmax = next;
+                        self.cached.push(id);
+                    }),
                 }
-                .map(|next| {
-                    active.next_argmax = next;
-                    self.cached.push(id);
-                })
             };
         }
         let step = result.and_then(|()| self.sample_next(active));

@@ -8,10 +8,16 @@
 //! With sampling, each guess is kept with its probability (`Sampler::sample_guess`), so the output
 //! distribution is unchanged.
 //!
-//! Prompt lookup is the draft here: the tokens that followed the latest earlier occurrence of the
+//! Drafts come from prompt lookup: the tokens that followed the latest earlier occurrence of the
 //! text's last n-gram. Code edits, summaries, extraction and RAG answers repeat their input. A
 //! caller that expects the output (OpenAI's "predicted outputs": the file being edited) can give
-//! it as a prediction, searched first.
+//! it as a prediction, searched first. Or from a draft model: a smaller model with the same
+//! vocabulary decodes the guess greedily ([`DraftModel`]), with a KV cache of its own that keeps
+//! the prefix it shares with the text.
+
+use crate::error::{LeanError, Result};
+use crate::model::Model;
+use crate::session::Session;
 
 /// How drafts are made.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,6 +31,9 @@ pub enum Speculation {
         /// Token ids the output is expected to resemble (may be empty).
         prediction: Vec<u32>,
     },
+    /// The engine's draft model (`Engine::set_draft_model`) guesses up to `max_draft` tokens,
+    /// greedily.
+    DraftModel { max_draft: usize },
 }
 
 impl Speculation {
@@ -37,17 +46,34 @@ impl Speculation {
         }
     }
 
-    /// The same, with the output expected to resemble `prediction`.
+    /// Guesses of up to `max_draft` tokens by the engine's draft model.
+    pub fn draft_model(max_draft: usize) -> Self {
+        Speculation::DraftModel { max_draft }
+    }
+
+    /// The same, with the output expected to resemble `prediction` (prompt lookup searches it
+    /// first; a draft model has no use for it).
     pub fn with_prediction(self, prediction: Vec<u32>) -> Self {
-        let Speculation::Lookup {
-            max_ngram,
-            max_draft,
-            ..
-        } = self;
-        Speculation::Lookup {
-            max_ngram,
-            max_draft,
-            prediction,
+        match self {
+            Speculation::Lookup {
+                max_ngram,
+                max_draft,
+                ..
+            } => Speculation::Lookup {
+                max_ngram,
+                max_draft,
+                prediction,
+            },
+            draft_model => draft_model,
+        }
+    }
+
+    /// The longest guess.
+    pub fn max_draft(&self) -> usize {
+        match self {
+            Speculation::Lookup { max_draft, .. } | Speculation::DraftModel { max_draft } => {
+                *max_draft
+            }
         }
     }
 }
@@ -78,6 +104,7 @@ impl SpeculationStats {
 /// after a draft accepted in full, shorter after a miss (as transformers' assisted generation).
 #[derive(Clone, Debug)]
 pub struct Drafter {
+    /// Prompt lookup's longest n-gram; 0 when the engine's draft model makes the guesses.
     max_ngram: usize,
     max_draft: usize,
     prediction: Vec<u32>,
@@ -88,25 +115,38 @@ pub struct Drafter {
 
 impl Drafter {
     pub fn new(spec: &Speculation) -> Self {
-        let Speculation::Lookup {
-            max_ngram,
-            max_draft,
-            prediction,
-        } = spec;
+        let (max_ngram, prediction) = match spec {
+            Speculation::Lookup {
+                max_ngram,
+                prediction,
+                ..
+            } => ((*max_ngram).max(1), prediction.clone()),
+            Speculation::DraftModel { .. } => (0, Vec::new()),
+        };
         Drafter {
-            max_ngram: (*max_ngram).max(1),
-            max_draft: *max_draft,
-            prediction: prediction.clone(),
-            length: *max_draft,
+            max_ngram,
+            max_draft: spec.max_draft(),
+            prediction,
+            length: spec.max_draft(),
             stats: SpeculationStats::default(),
         }
     }
 
-    /// A guess of the tokens after `ids` (the prompt, then `output` tokens generated so far), at
-    /// most `limit` of them; empty when the last n-gram occurs nowhere.
+    /// Whether the engine's draft model makes the guesses (else prompt lookup).
+    pub fn uses_draft_model(&self) -> bool {
+        self.max_ngram == 0
+    }
+
+    /// How long the next guess may be, at most `limit`.
+    pub fn next_length(&self, limit: usize) -> usize {
+        self.length.min(limit)
+    }
+
+    /// Prompt lookup's guess of the tokens after `ids` (the prompt, then `output` tokens generated
+    /// so far), at most `limit` of them; empty when the last n-gram occurs nowhere.
     pub fn draft(&self, ids: &[u32], output: usize, limit: usize) -> Vec<u32> {
-        let want = self.length.min(limit);
-        if want == 0 || ids.is_empty() {
+        let want = self.next_length(limit);
+        if want == 0 || ids.is_empty() || self.uses_draft_model() {
             return Vec::new();
         }
         let p = &self.prediction;
@@ -143,6 +183,101 @@ impl Drafter {
         } else {
             self.length.saturating_sub(1).max(1)
         };
+    }
+}
+
+/// A smaller model with the target's vocabulary that guesses by greedy decoding, with its own
+/// session (any backend). Its cache keeps the ids it holds, so each guess runs only the tokens
+/// since the common prefix: the target's tokens accepted or chosen since the last guess.
+pub struct DraftModel {
+    model: Model,
+    session: Box<dyn Session>,
+    /// The ids whose keys/values the session holds, position by position.
+    cached: Vec<u32>,
+}
+
+impl DraftModel {
+    /// `model` drafting for a target whose GGUF vocabulary is `target_vocabulary`: the token
+    /// lists must be the same, else the guesses would mean other text (an `InvalidArgument`
+    /// naming the first difference).
+    pub fn new(
+        model: Model,
+        session: Box<dyn Session>,
+        target_vocabulary: &[&str],
+    ) -> Result<Self> {
+        let draft_vocabulary = model.vocabulary()?;
+        if draft_vocabulary.len() != target_vocabulary.len() {
+            return Err(LeanError::InvalidArgument(format!(
+                "the draft model's vocabulary has {} tokens, the model's {}: a draft model must \
+                 share the model's tokenizer",
+                draft_vocabulary.len(),
+                target_vocabulary.len()
+            )));
+        }
+        if let Some(id) =
+            (0..draft_vocabulary.len()).find(|&i| draft_vocabulary[i] != target_vocabulary[i])
+        {
+            return Err(LeanError::InvalidArgument(format!(
+                "the draft model's token {id} is {:?}, the model's {:?}: a draft model must \
+                 share the model's tokenizer",
+                draft_vocabulary[id], target_vocabulary[id]
+            )));
+        }
+        Ok(DraftModel {
+            model,
+            session,
+            cached: Vec::new(),
+        })
+    }
+
+    /// One line for logs: the model and its backend.
+    pub fn describe(&self) -> String {
+        format!("{} on {}", self.model.describe(), self.session.describe())
+    }
+
+    /// A greedy guess of up to `n` tokens after `ids`, each below `vocab_limit` (the target's
+    /// vocabulary size): shorter where the draft model's context ends. Runs the ids past the
+    /// prefix it has cached, then one token a pass; a failure forgets the cache.
+    pub fn propose(&mut self, ids: &[u32], n: usize, vocab_limit: usize) -> Result<Vec<u32>> {
+        // The last guess is not run: ids.len() + n - 1 positions.
+        let n = n.min((self.session.context_length() + 1).saturating_sub(ids.len()));
+        if n == 0 || ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let guess = self.run(ids, n, vocab_limit);
+        if guess.is_err() {
+            self.cached.clear();
+            self.session.truncate(0);
+        }
+        guess
+    }
+
+    fn run(&mut self, ids: &[u32], n: usize, vocab_limit: usize) -> Result<Vec<u32>> {
+        if self.cached.len() != self.session.position() {
+            self.cached.clear();
+        }
+        // At least the last id runs: its logits give the first guess.
+        let common = self
+            .cached
+            .iter()
+            .zip(ids)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(ids.len() - 1);
+        self.cached.truncate(common);
+        self.session.truncate(common);
+        let mut next = self.session.forward_argmax(&self.model, &ids[common..])?;
+        self.cached.extend_from_slice(&ids[common..]);
+        let mut guess = Vec::with_capacity(n);
+        while (next as usize) < vocab_limit {
+            guess.push(next);
+            if guess.len() == n {
+                break;
+            }
+            next = self.session.decode_argmax(&self.model, next, false)?;
+            self.cached.push(guess[guess.len() - 1]);
+        }
+        Ok(guess)
     }
 }
 

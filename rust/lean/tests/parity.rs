@@ -3,7 +3,7 @@
 mod common;
 mod parity_check;
 
-use lean::Engine;
+use lean::{Engine, LeanError};
 
 fn check_model(file: &str) {
     let Some((model, tokenizer)) = parity_check::load(file) else {
@@ -63,4 +63,82 @@ fn qwen3_random_q8_0() {
 #[test]
 fn gemma3_270m_q4_k_m() {
     check_model("gemma-3-270m-q4_k_m.gguf");
+}
+
+/// Speculative decoding by a draft model: the target's greedy ids stay the reference's with a
+/// sibling of another tensor type guessing (the same network, so most guesses are kept).
+fn check_drafted(file: &str, draft_file: &str, max_greedy: Option<usize>) {
+    let Some((model, tokenizer)) = parity_check::load(file) else {
+        return;
+    };
+    let Some((draft, _)) = parity_check::load(draft_file) else {
+        return;
+    };
+    let mut engine = Engine::new(model, tokenizer, 1024).expect("engine");
+    engine
+        .set_draft_model(draft, |model, ctx| {
+            Ok(Box::new(lean::cpu::CpuSession::new(model, ctx)))
+        })
+        .expect("a sibling drafts");
+    parity_check::check_draft_model(&mut engine, file, |_| true, max_greedy);
+}
+
+#[test]
+fn smollm2_q8_0_drafted_by_q4_0() {
+    check_drafted(
+        "smollm2-135m-instruct-q8_0.gguf",
+        "smollm2-135m-instruct-q4_0.gguf",
+        None,
+    );
+}
+
+#[test]
+fn qwen25_coder_q4_k_m_drafted_by_q4_0() {
+    check_drafted(
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "qwen2.5-coder-0.5b-instruct-q4_0.gguf",
+        Some(16),
+    );
+}
+
+#[test]
+fn a_draft_model_with_another_vocabulary_is_refused() {
+    let Some((model, tokenizer)) = parity_check::load("smollm2-135m-instruct-q4_0.gguf") else {
+        return;
+    };
+    let Some((draft, _)) = parity_check::load("qwen2.5-coder-0.5b-instruct-q4_0.gguf") else {
+        return;
+    };
+    let mut engine = Engine::new(model, tokenizer, 256).expect("engine");
+    let err = engine
+        .set_draft_model(draft, |model, ctx| {
+            Ok(Box::new(lean::cpu::CpuSession::new(model, ctx)))
+        })
+        .unwrap_err();
+    assert!(
+        matches!(&err, LeanError::InvalidArgument(m) if m.contains("vocabulary has 151936 tokens, the model's 49152")),
+        "{err}"
+    );
+    // Without a draft model, asking for one is a clear error too; the engine stays usable.
+    let options = lean::GenerateOptions {
+        max_tokens: 4,
+        speculation: Some(lean::Speculation::draft_model(4)),
+        ..Default::default()
+    };
+    let prompt = lean::Prompt::Raw("Hello".into());
+    let err = engine.generate(&prompt, &options, |_| true).unwrap_err();
+    assert!(err.to_string().contains("needs one"), "{err}");
+    let plain = lean::GenerateOptions {
+        max_tokens: 4,
+        stop_token_ids: Some(vec![]),
+        ..Default::default()
+    };
+    assert_eq!(
+        engine
+            .generate(&prompt, &plain, |_| true)
+            .unwrap()
+            .token_ids
+            .len(),
+        4
+    );
 }

@@ -311,6 +311,7 @@ impl GpuSession {
             chunk: n,
             pos: 0,
             decode_plan: None,
+            short_plans: Vec::new(),
             decoded: DecodedIds::new(&ctx_for_ids),
             ahead: None,
             profiler: Profiler::from_env(&ctx_for_ids),

@@ -67,6 +67,10 @@ pub struct GpuSession {
     /// Positions written to the KV cache, the queued pass of `ahead` included.
     pos: usize,
     decode_plan: Option<Plan>,
+    /// Plans of short passes with every row's logits, by token count (speculative decoding's
+    /// verification passes): recording one makes a bind group per dispatch, which cost ten
+    /// decode steps' time on an H200.
+    short_plans: Vec<(usize, Output, Plan)>,
     decoded: DecodedIds,
     /// Set while a decode pass queued ahead (`decode_argmax` with `queue_next`) runs this id,
     /// read back by the previous call: its result is the last entry of `decoded.pending`.

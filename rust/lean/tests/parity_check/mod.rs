@@ -367,6 +367,99 @@ pub fn check_speculative(
     }
 }
 
+/// Speculative decoding by the draft model `engine` was given (`Engine::set_draft_model`) on
+/// the fixture cases that `include` accepts: the greedy ids equal the reference's (the first
+/// `max_greedy` of them), and a repetition-penalized run (the sampled verification path) equals
+/// its plain run. A draft model that is the target's sibling must have guesses accepted.
+pub fn check_draft_model(
+    engine: &mut Engine,
+    file: &str,
+    include: impl Fn(&str) -> bool,
+    max_greedy: Option<usize>,
+) {
+    let fixture = fixture_for(file);
+    let mut failures = Vec::new();
+    let mut stats = SpeculationStats::default();
+    let mut checked = 0;
+    for case in fixture.cases.iter().filter(|c| include(&c.name)) {
+        checked += 1;
+        let n = max_greedy.map_or(case.greedy_ids.len(), |m| m.min(case.greedy_ids.len()));
+        let greedy_ids = &case.greedy_ids[..n];
+        let drafted = GenerateOptions {
+            max_tokens: n,
+            stop_token_ids: Some(vec![]),
+            speculation: Some(Speculation::draft_model(6)),
+            ..Default::default()
+        };
+        engine.reset_cache();
+        let g = engine
+            .generate(&Prompt::Ids(case.prompt_ids.clone()), &drafted, |_| true)
+            .unwrap();
+        let s = g.timings.speculation;
+        stats.verifications += s.verifications;
+        stats.drafted += s.drafted;
+        stats.accepted += s.accepted;
+        if let Some(i) = g.token_ids.iter().zip(greedy_ids).position(|(a, b)| a != b) {
+            let step = &case.steps[i];
+            failures.push(format!(
+                "{file} {}: drafted greedy step {i}: ours {} ref {} ({}: reference margin {:.4})",
+                case.name,
+                g.token_ids[i],
+                greedy_ids[i],
+                step.mismatch_kind(),
+                step.margin()
+            ));
+        } else if g.token_ids.len() != n {
+            failures.push(format!(
+                "{file} {}: drafted: {} tokens, expected {n}",
+                case.name,
+                g.token_ids.len()
+            ));
+        }
+        let penalized = SamplingParams {
+            repetition_penalty: 1.3,
+            ..Default::default()
+        };
+        let plain = GenerateOptions {
+            sampling: penalized.clone(),
+            speculation: None,
+            ..drafted.clone()
+        };
+        let with_draft = GenerateOptions {
+            sampling: penalized,
+            ..drafted.clone()
+        };
+        let mut run = |options: &GenerateOptions| {
+            engine.reset_cache();
+            engine
+                .generate(&Prompt::Ids(case.prompt_ids.clone()), options, |_| true)
+                .unwrap()
+                .token_ids
+        };
+        let (p, d) = (run(&plain), run(&with_draft));
+        if p != d {
+            failures.push(format!(
+                "{file} {}: drafted with a repetition penalty differs from plain:\n  draft {d:?}\n  plain {p:?}",
+                case.name
+            ));
+        }
+    }
+    eprintln!(
+        "{file} on {} drafted by {}: {} passes, {}/{} guesses accepted",
+        engine.backend(),
+        engine.draft_model().unwrap_or_default(),
+        stats.verifications,
+        stats.accepted,
+        stats.drafted
+    );
+    assert!(checked > 0, "no fixture case selected");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(
+        stats.accepted > stats.drafted / 4,
+        "{file}: the draft model's guesses were rarely accepted: {stats:?}"
+    );
+}
+
 /// Greedy ids of `ids` continued for `n` tokens (no stop ids), and how many prompt tokens came
 /// from the engine's cache.
 fn greedy(engine: &mut Engine, ids: &[u32], n: usize) -> (Vec<u32>, usize) {
