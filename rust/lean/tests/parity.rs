@@ -12,7 +12,10 @@ fn check_model(file: &str) {
     let mut engine = Engine::new(model, tokenizer, 1024).expect("engine");
     parity_check::check_engine(&mut engine, file, |_| true, None);
     parity_check::check_reuse(&mut engine, file, |_| true, None);
-    parity_check::check_speculative(&mut engine, file, |_| true, None);
+    // Every case but the long prompts (their repeated prompts are 5 prefills of 500-700 tokens
+    // each, half of this file's time in CI): they ran exact with speculation (natively, and
+    // on an H200 with LEAN_GPU_PARITY=full), and Gemma's sliding-window case stays in.
+    parity_check::check_speculative(&mut engine, file, |name| !name.contains("long"), None);
 }
 
 #[test]
