@@ -2,9 +2,9 @@
 //! cache carried across turns (the default) or dropped before each turn (`--no-reuse`), so the
 //! two can be compared side by side. Each turn adds a user message of about 40 tokens and
 //! generates `--gen-tokens` greedily (end-of-turn tokens ignored, so every turn is as long).
-use crate::{init_threads, load_model, model_and_tokenizer, new_session, CliResult, Common};
+use crate::{init_threads, load_model, model_and_tokenizer, new_engine, CliResult, Common};
 use clap::Args;
-use lean::{ChatMessage, Engine, GenerateOptions, Prompt};
+use lean::{ChatMessage, GenerateOptions, Prompt};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -45,10 +45,7 @@ pub fn run(args: BenchChatArgs) -> CliResult {
     let (_, tok_source) = model_and_tokenizer(&args.common, args.tokenizer.as_ref())?;
     let (model, _) = load_model(&args.common)?;
     let tokenizer = tok_source.load(&model.gguf)?;
-    let backend = args.common.backend.clone();
-    let mut engine = Engine::with_backend(model, tokenizer, args.common.ctx, |model, context| {
-        new_session(&backend, model, context)
-    })?;
+    let mut engine = new_engine(&args.common, model, tokenizer, None)?;
     let options = GenerateOptions {
         max_tokens: args.gen_tokens,
         stop_token_ids: Some(vec![]),

@@ -3,11 +3,9 @@
 //! given text, open chat; the prompts are in scripts/bench-spec-tasks.json): decode tok/s of
 //! each, the speed-up, the share of guesses accepted, and whether the tokens are the same (they
 //! must be). Runs alternate plain and speculative, `--reps` times, from an empty cache each.
-use crate::{
-    init_threads, load_draft_model, load_model, model_and_tokenizer, new_session, CliResult, Common,
-};
+use crate::{init_threads, load_model, model_and_tokenizer, new_engine, CliResult, Common};
 use clap::Args;
-use lean::{ChatMessage, Engine, GenerateOptions, Generation, Prompt, Speculation};
+use lean::{ChatMessage, GenerateOptions, Generation, Prompt, Speculation};
 use serde::Deserialize;
 use std::path::PathBuf;
 
@@ -65,13 +63,7 @@ pub fn run(args: BenchSpecArgs) -> CliResult {
     let (_, tok_source) = model_and_tokenizer(&args.common, args.tokenizer.as_ref())?;
     let (model, _) = load_model(&args.common)?;
     let tokenizer = tok_source.load(&model.gguf)?;
-    let backend = args.common.backend.clone();
-    let mut engine = Engine::with_backend(model, tokenizer, args.common.ctx, |model, context| {
-        new_session(&backend, model, context)
-    })?;
-    if let Some(draft) = &args.draft {
-        load_draft_model(&mut engine, draft, &backend)?;
-    }
+    let mut engine = new_engine(&args.common, model, tokenizer, args.draft.as_deref())?;
     let plain = GenerateOptions {
         max_tokens: args.gen_tokens,
         ..Default::default()

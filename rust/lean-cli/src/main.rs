@@ -211,9 +211,27 @@ pub fn new_session(backend: &str, model: &Model, context: usize) -> lean::Result
     Ok(Box::new(session))
 }
 
+/// An engine for `model` and `tokenizer` on `common`'s backend with its context length, and the
+/// GGUF at `draft` as its draft model when given (on the same backend).
+pub fn new_engine(
+    common: &Common,
+    model: Model,
+    tokenizer: Tokenizer,
+    draft: Option<&Path>,
+) -> CliResult<Engine> {
+    let backend = &common.backend;
+    let mut engine = Engine::with_backend(model, tokenizer, common.ctx, |model, context| {
+        new_session(backend, model, context)
+    })?;
+    if let Some(draft) = draft {
+        load_draft_model(&mut engine, draft, backend)?;
+    }
+    Ok(engine)
+}
+
 /// Loads the GGUF at `path` as `engine`'s draft model, on `backend` (its description goes to
 /// stderr).
-pub fn load_draft_model(engine: &mut Engine, path: &Path, backend: &str) -> CliResult<()> {
+fn load_draft_model(engine: &mut Engine, path: &Path, backend: &str) -> CliResult<()> {
     let model = Model::load_file(path).map_err(|e| format!("--draft {}: {e}", path.display()))?;
     engine
         .set_draft_model(model, |model, context| new_session(backend, model, context))
@@ -365,13 +383,7 @@ fn run(args: RunArgs) -> CliResult {
     eprintln!("lean: {} ({})", model_path.display(), model.describe());
     eprintln!("lean: tokenizer from {}", tok_source.describe());
     let t = Instant::now();
-    let backend = args.common.backend.clone();
-    let mut engine = Engine::with_backend(model, tokenizer, args.common.ctx, |model, context| {
-        new_session(&backend, model, context)
-    })?;
-    if let Some(draft) = &args.draft {
-        load_draft_model(&mut engine, draft, &backend)?;
-    }
+    let mut engine = new_engine(&args.common, model, tokenizer, args.draft.as_deref())?;
     let load_seconds = load_seconds + t.elapsed().as_secs_f64();
     eprintln!(
         "lean: loaded in {:.2}s · backend {} · context {}",

@@ -215,11 +215,6 @@ pub fn check_speculative(
     let mut on_reference = SpeculationStats::default();
     let mut on_repeats = SpeculationStats::default();
     let mut on_sampled = SpeculationStats::default();
-    let add = |total: &mut SpeculationStats, s: SpeculationStats| {
-        total.verifications += s.verifications;
-        total.drafted += s.drafted;
-        total.accepted += s.accepted;
-    };
     for case in fixture.cases.iter().filter(|c| include(&c.name)) {
         let n = max_greedy.map_or(case.greedy_ids.len(), |m| m.min(case.greedy_ids.len()));
         let greedy_ids = &case.greedy_ids[..n];
@@ -238,23 +233,13 @@ pub fn check_speculative(
             .generate(&Prompt::Ids(case.prompt_ids.clone()), &predicted, |_| true)
             .unwrap();
         add(&mut on_reference, g.timings.speculation);
-        if let Some(i) = g.token_ids.iter().zip(greedy_ids).position(|(a, b)| a != b) {
-            let step = &case.steps[i];
-            failures.push(format!(
-                "{file} {}: speculative greedy step {i}: ours {} ref {} ({}: reference margin {:.4})",
-                case.name,
-                g.token_ids[i],
-                greedy_ids[i],
-                step.mismatch_kind(),
-                step.margin()
-            ));
-        } else if g.token_ids.len() != n {
-            failures.push(format!(
-                "{file} {}: speculative: {} tokens, expected {n}",
-                case.name,
-                g.token_ids.len()
-            ));
-        }
+        failures.extend(greedy_failure(
+            file,
+            case,
+            "speculative",
+            &g.token_ids,
+            greedy_ids,
+        ));
         // (b) a prompt that repeats: plain and speculative from the same (fresh) cache state
         let repeats: Vec<u32> = case
             .prompt_ids
@@ -367,6 +352,43 @@ pub fn check_speculative(
     }
 }
 
+/// Adds one generation's speculation counts to `total`.
+fn add(total: &mut SpeculationStats, s: SpeculationStats) {
+    total.verifications += s.verifications;
+    total.drafted += s.drafted;
+    total.accepted += s.accepted;
+}
+
+/// How a `how` (e.g. "drafted") generation's ids `ours` fail the case's first `greedy_ids`:
+/// the first differing step with the reference's margin there, or a wrong length.
+fn greedy_failure(
+    file: &str,
+    case: &Case,
+    how: &str,
+    ours: &[u32],
+    greedy_ids: &[u32],
+) -> Option<String> {
+    if let Some(i) = ours.iter().zip(greedy_ids).position(|(a, b)| a != b) {
+        let step = &case.steps[i];
+        return Some(format!(
+            "{file} {}: {how} greedy step {i}: ours {} ref {} ({}: reference margin {:.4})",
+            case.name,
+            ours[i],
+            greedy_ids[i],
+            step.mismatch_kind(),
+            step.margin()
+        ));
+    }
+    (ours.len() != greedy_ids.len()).then(|| {
+        format!(
+            "{file} {}: {how}: {} tokens, expected {}",
+            case.name,
+            ours.len(),
+            greedy_ids.len()
+        )
+    })
+}
+
 /// Speculative decoding by the draft model `engine` was given (`Engine::set_draft_model`) on
 /// the fixture cases that `include` accepts: the greedy ids equal the reference's (the first
 /// `max_greedy` of them), and a repetition-penalized run (the sampled verification path) equals
@@ -395,27 +417,14 @@ pub fn check_draft_model(
         let g = engine
             .generate(&Prompt::Ids(case.prompt_ids.clone()), &drafted, |_| true)
             .unwrap();
-        let s = g.timings.speculation;
-        stats.verifications += s.verifications;
-        stats.drafted += s.drafted;
-        stats.accepted += s.accepted;
-        if let Some(i) = g.token_ids.iter().zip(greedy_ids).position(|(a, b)| a != b) {
-            let step = &case.steps[i];
-            failures.push(format!(
-                "{file} {}: drafted greedy step {i}: ours {} ref {} ({}: reference margin {:.4})",
-                case.name,
-                g.token_ids[i],
-                greedy_ids[i],
-                step.mismatch_kind(),
-                step.margin()
-            ));
-        } else if g.token_ids.len() != n {
-            failures.push(format!(
-                "{file} {}: drafted: {} tokens, expected {n}",
-                case.name,
-                g.token_ids.len()
-            ));
-        }
+        add(&mut stats, g.timings.speculation);
+        failures.extend(greedy_failure(
+            file,
+            case,
+            "drafted",
+            &g.token_ids,
+            greedy_ids,
+        ));
         let penalized = SamplingParams {
             repetition_penalty: 1.3,
             ..Default::default()
