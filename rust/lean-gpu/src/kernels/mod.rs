@@ -319,6 +319,9 @@ fn pipeline(ctx: &GpuContext, label: &str, source: &str) -> wgpu::ComputePipelin
 /// Every index of `source` must be in range and every loop must end, for every dispatch the
 /// caller records (the callers document why).
 unsafe fn trusted_module(ctx: &GpuContext, label: &str, source: &str) -> wgpu::ShaderModule {
+    if runtime_checks_forced() {
+        return module(ctx, label, source);
+    }
     let descriptor = wgpu::ShaderModuleDescriptor {
         label: Some(label),
         source: wgpu::ShaderSource::Wgsl(source.into()),
@@ -328,6 +331,16 @@ unsafe fn trusted_module(ctx: &GpuContext, label: &str, source: &str) -> wgpu::S
         ctx.device
             .create_shader_module_trusted(descriptor, wgpu::ShaderRuntimeChecks::unchecked())
     }
+}
+
+/// `LEAN_GPU_RUNTIME_CHECKS=1`: every shader keeps wgpu's runtime checks, as in a browser (a
+/// benchmark's proxy for what the browser's robustness checks cost).
+fn runtime_checks_forced() -> bool {
+    static FORCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| {
+        !cfg!(target_arch = "wasm32")
+            && std::env::var("LEAN_GPU_RUNTIME_CHECKS").is_ok_and(|v| v == "1")
+    })
 }
 
 /// The compute pipeline of `module`'s `entry` point, with override `constants`.
