@@ -91,11 +91,17 @@ const methods = {
     const { prompt_ids } = JSON.parse(begun);
     const prefillMs = performance.now() - started;
     let firstTokenAt;
+    const steps = []; // each step's time after the first, for its spread
     for (;;) {
+      const stepStarted = performance.now();
       const { done } = JSON.parse(await engine.step());
+      if (firstTokenAt) steps.push(performance.now() - stepStarted);
       firstTokenAt ??= performance.now();
       if (done) {
-        return { promptIds: prompt_ids, ...done, prefillMs, decodeMs: performance.now() - firstTokenAt };
+        steps.sort((a, b) => a - b);
+        const at = (q) => steps[Math.min(steps.length - 1, Math.floor(steps.length * q))];
+        const stepMs = steps.length ? { p10: at(0.1), median: at(0.5), p90: at(0.9), max: at(1) } : null;
+        return { promptIds: prompt_ids, ...done, prefillMs, decodeMs: performance.now() - firstTokenAt, stepMs };
       }
     }
   },

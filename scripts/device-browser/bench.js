@@ -21,6 +21,55 @@ const PROMPT = PARAGRAPH.repeat(8) + "Tell the rest of the story.";
 const post = (path, body) =>
   fetch(path, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
 
+/** The browser's floor under a decode step that reads its token back: a 4-byte copy submitted,
+ * then `mapAsync` of its staging buffer, 200 times (after 20 unmeasured): median and 90th
+ * percentile in ms, and the same for `onSubmittedWorkDone` alone. */
+const roundTripSource = `async function roundTrip(adapter) {
+  const device = await adapter.requestDevice();
+  const src = device.createBuffer({ size: 4, usage: GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST });
+  const staging = device.createBuffer({ size: 4, usage: GPUBufferUsage.COPY_DST | GPUBufferUsage.MAP_READ });
+  const stats = (xs) => {
+    const s = [...xs].sort((a, b) => a - b);
+    return { medianMs: s[s.length >> 1], p90Ms: s[Math.floor(s.length * 0.9)] };
+  };
+  const mapped = [];
+  const done = [];
+  for (let i = 0; i < 220; i++) {
+    const t0 = performance.now();
+    device.queue.writeBuffer(src, 0, new Uint32Array([i]));
+    const encoder = device.createCommandEncoder();
+    encoder.copyBufferToBuffer(src, 0, staging, 0, 4);
+    device.queue.submit([encoder.finish()]);
+    await staging.mapAsync(GPUMapMode.READ);
+    staging.unmap();
+    const t1 = performance.now();
+    device.queue.submit([]);
+    await device.queue.onSubmittedWorkDone();
+    const t2 = performance.now();
+    if (i >= 20) {
+      mapped.push(t1 - t0);
+      done.push(t2 - t1);
+    }
+  }
+  device.destroy();
+  return { mapAsync: stats(mapped), onSubmittedWorkDone: stats(done) };
+}`;
+const roundTrip = new Function(`return (${roundTripSource})`)();
+
+/** The same round trip measured in a dedicated worker, where lean's engine runs. */
+function roundTripInWorker() {
+  const source = `${roundTripSource}
+    navigator.gpu.requestAdapter({ powerPreference: "high-performance" })
+      .then(roundTrip).then((r) => postMessage(r), (e) => postMessage({ error: String(e) }));`;
+  const worker = new Worker(URL.createObjectURL(new Blob([source], { type: "text/javascript" })));
+  return new Promise((resolve) => {
+    worker.onmessage = ({ data }) => {
+      worker.terminate();
+      resolve(data);
+    };
+  });
+}
+
 async function main() {
   const out = { userAgent: navigator.userAgent, genTokens, reps, rows: [] };
   const adapter = await navigator.gpu?.requestAdapter({ powerPreference: "high-performance" });
@@ -33,7 +82,16 @@ async function main() {
     out.adapter = null;
     out.error = navigator.gpu ? "requestAdapter gave no adapter" : "navigator.gpu is undefined";
   }
-  await post("/progress", { adapter: out.adapter, features: out.features });
+  if (adapter) {
+    out.roundTrip = await roundTrip(adapter);
+    out.roundTripInWorker = await roundTripInWorker();
+  }
+  await post("/progress", {
+    adapter: out.adapter,
+    features: out.features,
+    roundTrip: out.roundTrip,
+    roundTripInWorker: out.roundTripInWorker,
+  });
   if (!adapter || models.length === 0) return post("/result", out);
 
   out.init = await lean("init", { backend: "webgpu" });
@@ -51,6 +109,7 @@ async function main() {
         tokens: run.token_ids.length,
         prefillMs: run.prefillMs,
         decodeMs: run.decodeMs,
+        stepMs: run.stepMs,
       });
     }
     const measured = row.runs.filter((r) => !r.warmup);
