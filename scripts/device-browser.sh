@@ -18,6 +18,9 @@
 #                                 (LEAN_GPU_RUNTIME_CHECKS=1: what a browser keeps), the same
 #                                 prompt length and tokens. `probe`: Chromium reports its adapter
 #                                 only (no models needed). JSON and logs into $OUT.
+# Env for `run` (an A/B of two builds in one call): LEAN_BROWSER_PKG (the wasm package, default
+# the carried one), LEAN_BROWSER_CLI (lean-cli), LEAN_BROWSER_TAG (a suffix for the output
+# files), LEAN_BROWSER_PROFILE=0 (no per-kernel profiles).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 stash=/tmp/browser
@@ -87,7 +90,8 @@ PY
 
 stash_parts() {
     mkdir -p "$stash"
-    for d in .devbrowser/bin .devbrowser/pkg .devbrowser/part-* .gl; do
+    for d in .devbrowser/*/ .gl; do
+        d=${d%/}
         [ -d "$d" ] && cp -r "$d"/. "$stash/$(basename "$d")/"
     done
     du -sh "$stash"/* | tr '\n' ' '
@@ -103,7 +107,7 @@ join_pieces() {
 browse() {
     local list=$1 log=$2
     shift 2
-    python3 scripts/device-browser/server.py $port "$stash/pkg" "${LEAN_MODELS:-/nonexistent}" "${OUT:-/tmp}" &
+    python3 scripts/device-browser/server.py $port "${LEAN_BROWSER_PKG:-$stash/pkg}" "${LEAN_MODELS:-/nonexistent}" "${OUT:-/tmp}" &
     local server=$!
     sleep 1
     rm -rf /tmp/chromium-profile
@@ -159,25 +163,29 @@ run_there() {
     echo "=== Chromium: WebGPU (${models[*]:-adapter only})"
     local list
     list=$(IFS=,; echo "${models[*]:-}")
-    browse "$list" "$out/chromium.log"
-    grep -a -v 'dbus\|font\|HarfBuzz\|GLib\|Identity' "$out/chromium.log" | cut -c1-300 | head -30
+    local tag=${LEAN_BROWSER_TAG:-} cli=${LEAN_BROWSER_CLI:-$stash/bin/lean-cli}
+    rm -f "$out/browser.json"
+    browse "$list" "$out/chromium$tag.log"
+    grep -a -v 'dbus\|font\|HarfBuzz\|GLib\|Identity\|zygote' "$out/chromium$tag.log" | cut -c1-300 | head -30
     [ -s "$out/browser.json" ] || { echo "no result from the browser"; status=1; }
+    [ -z "$tag" ] || mv "$out/browser.json" "$out/browser$tag.json"
     [ "$mode" = probe ] && return $status
 
     # Native lean-gpu on the same models, the browser's prompt length and tokens: as shipped
     # (trusted matvec/matmul/attention shaders) and with wgpu's runtime checks everywhere.
     for m in "${models[@]}"; do
         local prompt
-        prompt=$(python3 -c "import json,sys; r=[r for r in json.load(open(sys.argv[1]))['rows'] if r['model']==sys.argv[2]]; print(r[0]['runs'][-1]['promptTokens'] if r else 512)" "$out/browser.json" "$m")
+        prompt=$(python3 -c "import json,sys; r=[r for r in json.load(open(sys.argv[1]))['rows'] if r['model']==sys.argv[2]]; print(r[0]['runs'][-1]['promptTokens'] if r else 512)" "$out/browser$tag.json" "$m")
         for checks in 0 1; do
             echo "=== native $m, runtime checks $checks, $prompt prompt tokens"
-            LEAN_GPU_RUNTIME_CHECKS=$checks "$stash/bin/lean-cli" bench -m "$LEAN_MODELS/$m" --backend gpu \
+            LEAN_GPU_RUNTIME_CHECKS=$checks "$cli" bench -m "$LEAN_MODELS/$m" --backend gpu \
                 --prompt-tokens "$prompt" --gen-tokens $gen_tokens --reps $reps --json |
-                sed "s/^{/{\"model\":\"$m\",\"runtime_checks\":$checks,/" | tee -a "$out/native.jsonl" || status=1
+                sed "s/^{/{\"file\":\"$m\",\"runtime_checks\":$checks,/" | tee -a "$out/native$tag.jsonl" || status=1
         done
-        LEAN_GPU_PROFILE=1 "$stash/bin/lean-cli" bench -m "$LEAN_MODELS/$m" --backend gpu \
+        [ "${LEAN_BROWSER_PROFILE:-1}" = 0 ] && continue
+        LEAN_GPU_PROFILE=1 "$cli" bench -m "$LEAN_MODELS/$m" --backend gpu \
             --prompt-tokens "$prompt" --gen-tokens 32 --reps 1 --warmup 0 >/dev/null 2>"$out/profile-$m.txt"
-        LEAN_GPU_PROFILE=1 LEAN_GPU_RUNTIME_CHECKS=1 "$stash/bin/lean-cli" bench -m "$LEAN_MODELS/$m" --backend gpu \
+        LEAN_GPU_PROFILE=1 LEAN_GPU_RUNTIME_CHECKS=1 "$cli" bench -m "$LEAN_MODELS/$m" --backend gpu \
             --prompt-tokens "$prompt" --gen-tokens 32 --reps 1 --warmup 0 >/dev/null 2>"$out/profile-checks-$m.txt"
     done
     return $status
