@@ -131,10 +131,10 @@ pub fn run(args: BenchArgs) -> CliResult {
         let mut next = session.forward_argmax(&model, &prompt)?;
         let p = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        // As the engine's greedy loop runs it: each pass queued before the previous id is
-        // read, except after the last token.
+        // As the engine's greedy loop runs it: passes queued before the previous id is read,
+        // none past the last token.
         for i in 0..args.gen_tokens {
-            next = session.decode_argmax(&model, next, i + 1 < args.gen_tokens)?;
+            next = session.decode_argmax(&model, next, args.gen_tokens - i - 1)?;
         }
         let d = t.elapsed().as_secs_f64();
         if rep >= args.warmup {

@@ -526,10 +526,14 @@ impl Engine {
                         self.settle_verification(active, &pass, verified)
                     }
                     Ok(None) => if active.argmax_only {
-                        // A pass queued ahead is discarded by a verification pass: none when
+                        // Passes queued ahead are discarded by a verification pass: none when
                         // speculating.
-                        let queue_next = active.may_continue() && active.drafter.is_none();
-                        self.session.decode_argmax(&self.model, id, queue_next)
+                        let ahead = if active.drafter.is_none() {
+                            active.tokens_after_next()
+                        } else {
+                            0
+                        };
+                        self.session.decode_argmax(&self.model, id, ahead)
                     } else {
                         self.session
                             .forward_last(&self.model, &[id], false, &mut active.logits)
@@ -662,11 +666,15 @@ impl Engine {
                         self.settle_verification(active, &pass, verified)
                     }
                     Ok(None) => if active.argmax_only {
-                        // A pass queued ahead is discarded by a verification pass: none when
+                        // Passes queued ahead are discarded by a verification pass: none when
                         // speculating.
-                        let queue_next = active.may_continue() && active.drafter.is_none();
+                        let ahead = if active.drafter.is_none() {
+                            active.tokens_after_next()
+                        } else {
+                            0
+                        };
                         self.session
-                            .decode_argmax_async(&self.model, id, queue_next)
+                            .decode_argmax_async(&self.model, id, ahead)
                             .await
                     } else {
                         self.session
@@ -876,8 +884,9 @@ impl ActiveGeneration {
 
     /// Whether a token after the one being computed may still be generated (else there is no
     /// point in a session queueing its pass ahead).
-    fn may_continue(&self) -> bool {
-        self.token_ids().len() + 1 < self.max_tokens
+    /// How many tokens `max_tokens` allows after the one being computed.
+    fn tokens_after_next(&self) -> usize {
+        self.max_tokens.saturating_sub(self.token_ids().len() + 1)
     }
 
     fn end(&mut self, token: Option<TokenEvent>, reason: FinishReason) -> Step {

@@ -122,12 +122,13 @@ pub trait Session: MaybeSend {
     }
 
     /// Greedy decoding of one token: runs `token` and returns the argmax of its logits. With
-    /// `queue_next` the caller says it will probably run that argmax next: a session may queue
-    /// its pass before returning (a GPU then computes while the caller streams this token and
-    /// the pass after is encoded). A call for that token finds its pass under way; any other
-    /// call discards it, and `position` does not count it. By default `forward_argmax`.
-    fn decode_argmax(&mut self, model: &Model, token: u32, queue_next: bool) -> Result<u32> {
-        let _ = queue_next;
+    /// `ahead` > 0 the caller says it will probably run that many more passes, each on the
+    /// argmax of the one before: a session may queue some of them before returning (a GPU then
+    /// computes while the caller streams this token, and a browser gets several ids per wait).
+    /// A call for the returned token finds its pass under way; any other call discards the
+    /// queued passes, and `position` does not count them. By default `forward_argmax`.
+    fn decode_argmax(&mut self, model: &Model, token: u32, ahead: usize) -> Result<u32> {
+        let _ = ahead;
         self.forward_argmax(model, &[token])
     }
 
@@ -136,9 +137,9 @@ pub trait Session: MaybeSend {
         &'a mut self,
         model: &'a Model,
         token: u32,
-        queue_next: bool,
+        ahead: usize,
     ) -> LocalFuture<'a, Result<u32>> {
-        let result = self.decode_argmax(model, token, queue_next);
+        let result = self.decode_argmax(model, token, ahead);
         Box::pin(std::future::ready(result))
     }
 

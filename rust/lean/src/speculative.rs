@@ -274,7 +274,7 @@ impl DraftModel {
             if guess.len() == n {
                 break;
             }
-            next = self.session.decode_argmax(&self.model, next, false)?;
+            next = self.session.decode_argmax(&self.model, next, 0)?;
             self.cached.push(guess[guess.len() - 1]);
         }
         Ok(guess)

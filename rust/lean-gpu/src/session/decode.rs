@@ -1,5 +1,6 @@
-//! Running recorded plans: prefill chunks, greedy decode passes (one queued ahead, their ids
-//! read back through two staging buffers), waiting for and reading back results.
+//! Running recorded plans: prefill chunks, greedy decode passes (up to DECODE_AHEAD queued
+//! ahead, their ids read back through a ring of staging buffers), waiting for and reading back
+//! results.
 use super::{GpuSession, Output, LOGITS_CHUNK};
 use crate::context::{GpuContext, MapRequest};
 use crate::error::{GpuError, Result};
@@ -8,11 +9,21 @@ use crate::profile::Profiler;
 use lean::LeanError;
 use std::collections::VecDeque;
 
+/// Greedy decode passes queued beyond the one whose id is awaited. Chromium on an H200 answered
+/// a decode pass's readback about 3 ms after its submit however short the pass (BENCHMARKS.md,
+/// "WebGPU in a real browser"): with one pass queued, every other step waited that long. With
+/// more, each wait brings several ids; natively the GPU stays busy either way, and a stop
+/// token leaves at most this many passes computed for nothing.
+pub(super) const DECODE_AHEAD: usize = 4;
+
 /// The ids that greedy decode passes produce, on their way back: each pass copies its argmax
-/// into one of two staging buffers in its own command buffer and asks for the map right after
-/// its submit, so an id costs no extra submit and a next pass can be queued before it is read.
+/// into a staging buffer of a ring (one per pass in flight) in its own command buffer and asks
+/// for the map right after its submit, so an id costs no extra submit and later passes can be
+/// queued before it is read.
 pub(super) struct DecodedIds {
-    staging: [wgpu::Buffer; 2],
+    staging: Vec<wgpu::Buffer>,
+    /// The ring's slot the next pass copies its id into.
+    next_slot: usize,
     /// Passes whose id is still to be read, oldest first.
     pending: VecDeque<PendingId>,
 }
@@ -34,7 +45,8 @@ impl DecodedIds {
             })
         };
         DecodedIds {
-            staging: [staging(), staging()],
+            staging: (0..=DECODE_AHEAD).map(|_| staging()).collect(),
+            next_slot: 0,
             pending: VecDeque::new(),
         }
     }
@@ -176,41 +188,41 @@ impl GpuSession {
         Ok(value)
     }
 
-    /// Forgets a pass queued ahead: the next pass overwrites its cache position.
+    /// Forgets the passes queued ahead: the next passes overwrite their cache positions (their
+    /// ids are read and dropped before the next decode pass is queued).
     pub(super) fn discard_ahead(&mut self) {
-        if self.ahead.take().is_some() {
-            self.pos -= 1;
-        }
+        self.ahead = None;
+        self.pos -= self.queued;
+        self.queued = 0;
     }
 
     /// Greedy decoding of `token` (see `Session::decode_argmax`): its pass is queued (unless it
-    /// already is, ahead), then with `queue_next` the pass of its result, chained on the device
-    /// (the previous pass copied its argmax into the ids buffer), and only then is the id read.
-    pub(super) async fn decode(&mut self, token: u32, queue_next: bool) -> Result<u32> {
+    /// already is, ahead), then up to `ahead` (at most DECODE_AHEAD) passes after it, each
+    /// chained on the device (the pass before copied its argmax into the ids buffer), and only
+    /// then is the id read.
+    pub(super) async fn decode(&mut self, token: u32, ahead: usize) -> Result<u32> {
         let t = trace().then(std::time::Instant::now);
-        match self.ahead.take() {
-            Some(queued) if queued == token => {}
-            other => {
-                if other.is_some() {
-                    self.pos -= 1;
-                }
-                self.drain().await?;
-                self.submit_decode(Some(token)).await?;
-            }
+        if self.ahead.take() != Some(token) {
+            self.discard_ahead();
+            self.drain().await?;
+            self.submit_decode(Some(token)).await?;
+            self.queued = 1;
         }
-        let queued = queue_next && self.pos < self.capacity;
-        if queued {
+        // This token's pass is the oldest pending one; top the queue up behind it.
+        while self.queued <= ahead.min(DECODE_AHEAD) && self.pos < self.capacity {
             self.submit_decode(None).await?;
+            self.queued += 1;
         }
         let submitted = t.map(|t| t.elapsed());
         let id = self.read_oldest().await?;
+        self.queued -= 1;
         if let (Some(t), Some(submitted)) = (t, submitted) {
             eprintln!(
                 "lean-gpu trace: decode · encode + submit {submitted:?} · wait for the id {:?}",
                 t.elapsed() - submitted
             );
         }
-        if queued {
+        if self.queued > 0 {
             self.ahead = Some(id);
         }
         Ok(id)
@@ -219,14 +231,14 @@ impl GpuSession {
     /// Queues the decode pass of one token at `self.pos`: `token`, or with `None` the argmax of
     /// the pass before (copied into the ids buffer by that pass).
     async fn submit_decode(&mut self, token: Option<u32>) -> Result<()> {
-        // Both staging slots busy: only with passes whose ids nobody wants any more.
-        while self.decoded.pending.len() >= 2 {
+        // Every staging slot busy: only with passes whose ids nobody wants any more (`decode`
+        // keeps at most DECODE_AHEAD + 1 wanted passes in flight).
+        while self.decoded.pending.len() >= self.decoded.staging.len() {
             self.read_oldest().await?;
         }
-        let slot = match self.decoded.pending.front() {
-            Some(p) => 1 - p.slot,
-            None => 0,
-        };
+        // Pending passes hold the slots just before this one, in order: this one is free.
+        let slot = self.decoded.next_slot;
+        self.decoded.next_slot = (slot + 1) % self.decoded.staging.len();
         if let Some(token) = token {
             self.ctx
                 .queue
@@ -309,8 +321,8 @@ impl GpuSession {
                 "token id {bad} is outside the vocabulary ({vocab})"
             )));
         }
-        // A pass queued ahead for this very token is not counted twice.
-        let pos = self.pos - usize::from(self.ahead.is_some());
+        // Passes queued ahead are not counted: a new pass discards them.
+        let pos = self.pos - self.queued;
         if pos + tokens.len() > self.capacity {
             return Err(LeanError::PromptTooLong {
                 prompt_tokens: pos + tokens.len(),

@@ -314,6 +314,7 @@ impl GpuSession {
             short_plans: Vec::new(),
             decoded: DecodedIds::new(&ctx_for_ids),
             ahead: None,
+            queued: 0,
             profiler: Profiler::from_env(&ctx_for_ids),
         })
     }

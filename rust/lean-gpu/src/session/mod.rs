@@ -64,7 +64,7 @@ pub struct GpuSession {
     capacity: usize,
     /// Tokens per prefill submit: PREFILL_CHUNK, or the whole context when it is shorter.
     chunk: usize,
-    /// Positions written to the KV cache, the queued pass of `ahead` included.
+    /// Positions written to the KV cache, the passes queued ahead included.
     pos: usize,
     decode_plan: Option<Plan>,
     /// Plans of short passes with every row's logits, by token count (speculative decoding's
@@ -72,9 +72,12 @@ pub struct GpuSession {
     /// decode steps' time on an H200.
     short_plans: Vec<(usize, Output, Plan)>,
     decoded: DecodedIds,
-    /// Set while a decode pass queued ahead (`decode_argmax` with `queue_next`) runs this id,
-    /// read back by the previous call: its result is the last entry of `decoded.pending`.
+    /// Set while decode passes are queued ahead (`decode_argmax` with `ahead`): the id the
+    /// first of them runs, read back by the previous call.
     ahead: Option<u32>,
+    /// How many decode passes are queued ahead: the last entries of `decoded.pending`, the
+    /// first running `ahead`, each later one the argmax of the one before.
+    queued: usize,
     /// LEAN_GPU_PROFILE: GPU time per dispatch, printed when the session ends.
     profiler: Option<Profiler>,
 }
@@ -109,7 +112,7 @@ impl Session for GpuSession {
     }
 
     fn position(&self) -> usize {
-        self.pos - usize::from(self.ahead.is_some())
+        self.pos - self.queued
     }
 
     fn kv_bytes(&self) -> usize {
@@ -170,20 +173,20 @@ impl Session for GpuSession {
     }
 
     #[cfg(not(target_arch = "wasm32"))]
-    fn decode_argmax(&mut self, _model: &Model, token: u32, queue_next: bool) -> lean::Result<u32> {
+    fn decode_argmax(&mut self, _model: &Model, token: u32, ahead: usize) -> lean::Result<u32> {
         self.check(&[token])?;
-        pollster::block_on(self.decode(token, queue_next)).map_err(to_lean)
+        pollster::block_on(self.decode(token, ahead)).map_err(to_lean)
     }
 
     fn decode_argmax_async<'a>(
         &'a mut self,
         _model: &'a Model,
         token: u32,
-        queue_next: bool,
+        ahead: usize,
     ) -> LocalFuture<'a, lean::Result<u32>> {
         Box::pin(async move {
             self.check(&[token])?;
-            self.decode(token, queue_next).await.map_err(to_lean)
+            self.decode(token, ahead).await.map_err(to_lean)
         })
     }
 
