@@ -29,12 +29,11 @@ fn full() -> bool {
     std::env::var("LEAN_PARITY").is_ok_and(|v| v == "full")
 }
 
-/// The files whose speculative check runs by default: Llama (SmolLM2), Qwen2.5 with K-quants,
-/// Qwen3 (q/k norms) and Gemma 3 (sliding window).
-const SPECULATIVE_FILES: [&str; 4] = [
+/// The files whose speculative check runs by default: Llama (SmolLM2) and Gemma 3 (its sliding
+/// window). Qwen2.5's K-quant file took 4.5 minutes of CI for the same logic; it and the rest
+/// run with `LEAN_PARITY=full`.
+const SPECULATIVE_FILES: [&str; 2] = [
     "smollm2-135m-instruct-q4_0.gguf",
-    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-    "qwen3-0.6b-random-q8_0.gguf",
     "gemma-3-270m-q4_k_m.gguf",
 ];
 
@@ -122,8 +121,12 @@ fn smollm2_q8_0_drafted_by_q4_0() {
     );
 }
 
+/// With `LEAN_PARITY=full` only (two minutes of CI; SmolLM2's drafted test runs the same code).
 #[test]
 fn qwen25_coder_q4_k_m_drafted_by_q4_0() {
+    if !full() {
+        return;
+    }
     check_drafted(
         "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         "qwen2.5-coder-0.5b-instruct-q4_0.gguf",
