@@ -107,7 +107,7 @@ join_pieces() {
 browse() {
     local list=$1 log=$2
     shift 2
-    python3 scripts/device-browser/server.py $port "${LEAN_BROWSER_PKG:-$stash/pkg}" "${LEAN_MODELS:-/nonexistent}" "${OUT:-/tmp}" &
+    python3 scripts/device-browser/server.py $port "${LEAN_BROWSER_PKG:-$stash/pkg}" "${LEAN_MODELS:-/nonexistent}" "${OUT:-/tmp}" "${LEAN_BROWSER_TAG:-}" &
     local server=$!
     sleep 1
     rm -rf /tmp/chromium-profile
@@ -164,11 +164,9 @@ run_there() {
     local list
     list=$(IFS=,; echo "${models[*]:-}")
     local tag=${LEAN_BROWSER_TAG:-} cli=${LEAN_BROWSER_CLI:-$stash/bin/lean-cli}
-    rm -f "$out/browser.json"
     browse "$list" "$out/chromium$tag.log"
     grep -a -v 'dbus\|font\|HarfBuzz\|GLib\|Identity\|zygote' "$out/chromium$tag.log" | cut -c1-300 | head -30
-    [ -s "$out/browser.json" ] || { echo "no result from the browser"; status=1; }
-    [ -z "$tag" ] || mv "$out/browser.json" "$out/browser$tag.json"
+    [ -s "$out/browser$tag.json" ] || { echo "no result from the browser"; status=1; }
     [ "$mode" = probe ] && return $status
 
     # Native lean-gpu on the same models, the browser's prompt length and tokens: as shipped

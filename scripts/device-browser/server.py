@@ -3,9 +3,9 @@
 Serves bench.html and bench.js (this folder), the Playwright test page's harness and worker
 (playwright/page), the wasm package at /pkg/ and the models at /models/, with COOP/COEP as the
 test server does; a POST to /progress appends its JSON to OUT/browser-progress.jsonl, and one to
-/result writes OUT/browser.json and ends the server.
+/result writes OUT/browser{TAG}.json and ends the server.
 
-    python3 server.py PORT PKG_DIR MODELS_DIR OUT_DIR
+    python3 server.py PORT PKG_DIR MODELS_DIR OUT_DIR [TAG]
 """
 import http.server
 import os
@@ -15,6 +15,7 @@ import threading
 HERE = os.path.dirname(os.path.abspath(__file__))
 PAGE = os.path.join(HERE, "..", "..", "playwright", "page")
 PORT, PKG, MODELS, OUT = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+TAG = sys.argv[5] if len(sys.argv) > 5 else ""
 TYPES = {".html": "text/html", ".js": "text/javascript", ".wasm": "application/wasm",
          ".json": "application/json", ".gguf": "application/octet-stream"}
 
@@ -65,7 +66,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 f.write(body + b"\n")
             print("progress:", body.decode()[:400], flush=True)
         elif self.path == "/result":
-            with open(os.path.join(OUT, "browser.json"), "wb") as f:
+            with open(os.path.join(OUT, f"browser{TAG}.json"), "wb") as f:
                 f.write(body)
             print("result:", body.decode()[:2000], flush=True)
             threading.Thread(target=self.server.shutdown).start()
