@@ -135,11 +135,12 @@ test("a second load comes from Cache Storage, without a request, and is still ex
   await call(page, "deleteCached");
 });
 
-// lean-js on WebGPU: forced (Chromium's SwiftShader adapter is a fallback one, which `auto`
-// passes over), the model streamed into GPU buffers. Software WebGPU takes seconds a token, so
-// a few tokens only: a generation aborted after 2, then the same prompt, exactly. Firefox ESR
-// refuses WebGPU in release builds: skipped with its reason there.
+// lean-js on WebGPU: forced, the model streamed into GPU buffers. Software WebGPU takes seconds
+// a token, so a few tokens only: a generation aborted after 2 (with decode passes queued ahead),
+// then the same prompt, exactly. Firefox only: its lavapipe runs this in seconds where
+// Chromium's SwiftShader took 3.6 minutes of CI (Chromium's WebGPU runs in parity.spec.js).
 test("webgpu: after a stopped generation the same prompt gives the reference ids", async ({ page }, testInfo) => {
+  test.skip(testInfo.project.name === "chromium", "SwiftShader: too slow for CI; runs in Firefox");
   test.setTimeout(15 * 60_000);
   requireFiles();
   await openPage(page);
@@ -151,7 +152,7 @@ test("webgpu: after a stopped generation the same prompt gives the reference ids
     }
   });
   if (missing !== null) {
-    if (process.env.CI && testInfo.project.name === "chromium") throw new Error(`WebGPU unavailable: ${missing}`);
+    if (process.env.CI) throw new Error(`WebGPU unavailable: ${missing}`);
     test.skip(true, `WebGPU unavailable in this browser: ${missing}`);
   }
   const loaded = await call(page, "load", { model: modelUrls, backend: "webgpu", cache: false });
