@@ -65,25 +65,7 @@ prepare() {
         sha256sum "$models/$m" | sed "s|  .*/|  |" >>.devbrowser/bin/SHA256SUMS
     done
     # Pieces packed into parts of at most 55 MiB (the upload also holds the tree).
-    python3 - <<'PY'
-import os, shutil
-d = ".devbrowser"
-pieces = sorted((f for f in os.listdir(d) if ".gguf." in f or ".tar.xz." in f),
-                key=lambda f: -os.path.getsize(os.path.join(d, f)))
-parts = []  # [room, [pieces]]
-for f in pieces:
-    size = os.path.getsize(os.path.join(d, f))
-    part = next((p for p in parts if p[0] >= size), None)
-    if part is None:
-        part = [55 << 20, []]
-        parts.append(part)
-    part[0] -= size
-    part[1].append(f)
-for n, (_, files) in enumerate(parts):
-    os.makedirs(os.path.join(d, "part-%02d" % n))
-    for f in files:
-        shutil.move(os.path.join(d, f), os.path.join(d, "part-%02d" % n))
-PY
+    python3 scripts/pack-parts.py .devbrowser
     scripts/device-gpu.sh prepare-gl
     du -sh .devbrowser/bin .devbrowser/pkg .devbrowser/part-* .gl
 }

@@ -40,25 +40,7 @@ prepare() {
         split -b 54M -d -a 2 "$models/$m" ".devspec/$m."
         sha256sum "$models/$m" | sed "s|  .*/|  |" >>.devspec/bin/SHA256SUMS
     done
-    python3 - <<'PY'
-import os, shutil
-pieces = sorted((f for f in os.listdir(".devspec") if ".gguf." in f),
-                key=lambda f: -os.path.getsize(os.path.join(".devspec", f)))
-parts = []  # [room, [pieces]]
-for f in pieces:
-    size = os.path.getsize(os.path.join(".devspec", f))
-    part = next((p for p in parts if p[0] >= size), None)
-    if part is None:
-        part = [55 << 20, []]
-        parts.append(part)
-    part[0] -= size
-    part[1].append(f)
-for n, (_, files) in enumerate(parts):
-    d = ".devspec/part-%02d" % n
-    os.makedirs(d)
-    for f in files:
-        shutil.move(os.path.join(".devspec", f), d)
-PY
+    python3 scripts/pack-parts.py .devspec
     scripts/device-gpu.sh prepare-gl
     du -sh .devspec/bin .devspec/part-* .gl
 }
