@@ -25,7 +25,7 @@ function* tests(suite, path = []) {
 const rows = new Map();
 for (const suite of report.suites) {
   for (const t of tests(suite)) {
-    const model = t.title.match(/^(\S+): (?:first \d+ )?greedy ids/)?.[1];
+    const model = t.title.match(/^(\S+): (?:first (?:\d+ )?)?greedy ids/)?.[1];
     if (!model) continue;
     const annotations = [...(t.annotations ?? []), ...t.results.flatMap((r) => r.annotations ?? [])];
     const bench = annotations.find((a) => a.type === "bench");

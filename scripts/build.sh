@@ -80,6 +80,27 @@ optimize() {
     mv "$wasm.opt" "$wasm"
 }
 
+# A package made from a .wasm records that input's sha256 and this script's own (its flags), so
+# that a build that changed nothing skips wasm-bindgen and wasm-opt -O3 (~1.5 min a package;
+# scripts/test.sh builds three times).
+inputs_sha() { cat "$1" "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1; }
+# up_to_date WASM PKG...: every PKG was made from this WASM by this script.
+up_to_date() {
+    local wasm="$1" want pkg
+    shift
+    want=$(inputs_sha "$wasm")
+    for pkg in "$@"; do
+        [ "$(cat "$pkg/.built-from" 2>/dev/null)" = "$want" ] || return 1
+        [ -f "$pkg/lean_wasm_bg.wasm" ] || return 1
+    done
+}
+stamp() {
+    local wasm="$1" sha pkg
+    shift
+    sha=$(inputs_sha "$wasm")
+    for pkg in "$@"; do echo "$sha" >"$pkg/.built-from"; done
+}
+
 built=()
 # Every crate of the lock file, for every platform: `fetch --target wasm32-unknown-unknown` leaves
 # out crates that the offline build below still reads (it failed from an empty cargo registry).
@@ -90,16 +111,21 @@ if [ "$what" != mt ]; then
     (cd "$crate" && CARGO_TARGET_DIR="$target_dir" RUSTFLAGS="$st_flags" nice -n 19 \
         cargo build --offline --locked --release --target wasm32-unknown-unknown)
     wasm="$target_dir/wasm32-unknown-unknown/release/lean_wasm.wasm"
-    rm -rf "$crate/pkg" "$crate/pkg-node"
-    wasm-bindgen --target web --out-dir "$crate/pkg" "$wasm"
-    wasm-bindgen --target nodejs --out-dir "$crate/pkg-node" "$wasm"
-    # Both targets get the same .wasm (only the JS glue differs): optimise it once.
-    if cmp -s "$crate/pkg/lean_wasm_bg.wasm" "$crate/pkg-node/lean_wasm_bg.wasm"; then
-        optimize "$crate/pkg/lean_wasm_bg.wasm" "${opt_features[@]}"
-        cp "$crate/pkg/lean_wasm_bg.wasm" "$crate/pkg-node/lean_wasm_bg.wasm"
+    if up_to_date "$wasm" "$crate/pkg" "$crate/pkg-node"; then
+        echo "pkg/, pkg-node/: up to date with $wasm" >&2
     else
-        optimize "$crate/pkg/lean_wasm_bg.wasm" "${opt_features[@]}"
-        optimize "$crate/pkg-node/lean_wasm_bg.wasm" "${opt_features[@]}"
+        rm -rf "$crate/pkg" "$crate/pkg-node"
+        wasm-bindgen --target web --out-dir "$crate/pkg" "$wasm"
+        wasm-bindgen --target nodejs --out-dir "$crate/pkg-node" "$wasm"
+        # Both targets get the same .wasm (only the JS glue differs): optimise it once.
+        if cmp -s "$crate/pkg/lean_wasm_bg.wasm" "$crate/pkg-node/lean_wasm_bg.wasm"; then
+            optimize "$crate/pkg/lean_wasm_bg.wasm" "${opt_features[@]}"
+            cp "$crate/pkg/lean_wasm_bg.wasm" "$crate/pkg-node/lean_wasm_bg.wasm"
+        else
+            optimize "$crate/pkg/lean_wasm_bg.wasm" "${opt_features[@]}"
+            optimize "$crate/pkg-node/lean_wasm_bg.wasm" "${opt_features[@]}"
+        fi
+        stamp "$wasm" "$crate/pkg" "$crate/pkg-node"
     fi
     built+=("$crate/pkg/lean_wasm_bg.wasm" "$crate/pkg-node/lean_wasm_bg.wasm")
 fi
@@ -119,14 +145,19 @@ if [ "$what" != st ]; then
         cargo "+$nightly" build --offline --locked --release --target wasm32-unknown-unknown \
         "${build_std[@]}" --features threads)
     wasm="$target_dir/mt/wasm32-unknown-unknown/release/lean_wasm.wasm"
-    rm -rf "$crate/pkg-mt"
-    wasm-bindgen --target web --out-dir "$crate/pkg-mt" "$wasm"
-    # Without shared memory the module would load and silently run on one thread.
-    if ! grep -q 'shared: *true' "$crate/pkg-mt/lean_wasm.js"; then
-        echo "the threads build has no shared memory (check the linker flags above)" >&2
-        exit 1
+    if up_to_date "$wasm" "$crate/pkg-mt"; then
+        echo "pkg-mt/: up to date with $wasm" >&2
+    else
+        rm -rf "$crate/pkg-mt"
+        wasm-bindgen --target web --out-dir "$crate/pkg-mt" "$wasm"
+        # Without shared memory the module would load and silently run on one thread.
+        if ! grep -q 'shared: *true' "$crate/pkg-mt/lean_wasm.js"; then
+            echo "the threads build has no shared memory (check the linker flags above)" >&2
+            exit 1
+        fi
+        optimize "$crate/pkg-mt/lean_wasm_bg.wasm" "${opt_features[@]}" --enable-threads
+        stamp "$wasm" "$crate/pkg-mt"
     fi
-    optimize "$crate/pkg-mt/lean_wasm_bg.wasm" "${opt_features[@]}" --enable-threads
     built+=("$crate/pkg-mt/lean_wasm_bg.wasm")
 fi
 

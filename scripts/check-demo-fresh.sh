@@ -2,12 +2,18 @@
 # The README's first command as a newcomer runs it: scripts/demo.sh with an empty cargo registry
 # (a fresh CARGO_HOME) and an empty npm cache, then checks that the demo it serves answers: both
 # pages, lean-js's wasm, and the default model, with the COOP/COEP headers the threads backend
-# needs. scripts/test.sh runs it, so CI catches an install step that only a warm machine has
-# (the bug of issue 18: `cargo fetch --target wasm32-unknown-unknown` left host crates out).
-# Toolchains (rustup) are shared. Build outputs go to a target directory of their own: a fresh
-# registry recompiles every crate anyway, and sharing CARGO_TARGET_DIR made the next build with
-# the usual registry recompile everything again (9 minutes of each CI run).
-#   scripts/check-demo-fresh.sh          (env: LEAN_MODELS, LEAN_DEMO_PORT)
+# needs. CI catches this way an install step that only a warm machine has (the bug of issue 18:
+# `cargo fetch --target wasm32-unknown-unknown` left host crates out).
+# Toolchains (rustup) are shared.
+#   scripts/check-demo-fresh.sh          standalone: an empty cargo home, npm cache and target
+#                                        directory of its own in a temp dir, removed afterwards
+#   LEAN_FRESH_HOMES=1 scripts/check-demo-fresh.sh
+#                                        in the caller's CARGO_HOME, npm_config_cache and
+#                                        CARGO_TARGET_DIR, which it made empty: scripts/test.sh
+#                                        runs it first this way and keeps building there, so the
+#                                        demo's wasm builds are the run's only ones (a separate
+#                                        registry path recompiles every crate: ~10 min of CI)
+# Env: LEAN_MODELS, LEAN_DEMO_PORT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fresh=$(mktemp -d)
@@ -21,14 +27,25 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# wasm-bindgen-cli stays reachable on PATH from the usual cargo home; the registry is new.
-export PATH="$PATH:${CARGO_HOME:-$HOME/.cargo}/bin"
-mkdir -p "$fresh/cargo-home"
+if [ "${LEAN_FRESH_HOMES:-0}" = 1 ]; then
+  registry="${CARGO_HOME:?LEAN_FRESH_HOMES=1 needs CARGO_HOME}/registry"
+  if [ -n "$(ls -A "$registry" 2>/dev/null)" ]; then
+    echo "check-demo-fresh: LEAN_FRESH_HOMES=1 but $registry is not empty" >&2
+    exit 1
+  fi
+  if [ -n "$(ls -A "${npm_config_cache:?LEAN_FRESH_HOMES=1 needs npm_config_cache}" 2>/dev/null)" ]; then
+    echo "check-demo-fresh: LEAN_FRESH_HOMES=1 but the npm cache $npm_config_cache is not empty" >&2
+    exit 1
+  fi
+else
+  # wasm-bindgen-cli stays reachable on PATH from the usual cargo home; the registry is new.
+  export PATH="$PATH:${CARGO_HOME:-$HOME/.cargo}/bin"
+  mkdir -p "$fresh/cargo-home"
+  export CARGO_HOME="$fresh/cargo-home" CARGO_TARGET_DIR="$fresh/target" npm_config_cache="$fresh/npm-cache"
+fi
 echo "check-demo-fresh: scripts/demo.sh with an empty cargo registry and npm cache (log: $log)"
 started=$(date +%s)
-CARGO_HOME="$fresh/cargo-home" CARGO_TARGET_DIR="$fresh/target" npm_config_cache="$fresh/npm-cache" \
-  LEAN_DEMO_PORT=$port \
-  setsid scripts/demo.sh >"$log" 2>&1 &
+LEAN_DEMO_PORT=$port setsid scripts/demo.sh >"$log" 2>&1 &
 demo_pid=$!
 
 # Up to 30 min: a first build on a fresh machine compiles both wasm builds.

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Runs every test: fetches the test models (cached), then
+#   0. the README's first command (scripts/demo.sh) from an empty cargo registry and npm cache,
+#      serving the demo (scripts/check-demo-fresh.sh): first, before anything here fills them;
+#      the rest of the run keeps that cargo home and npm cache, so the demo's wasm builds are
+#      the run's only ones (LEAN_TEST_WARM=1: the usual cargo home and npm cache, no such check),
 #   1. the Rust workspace's tests (unit, kernels vs scalar references, malformed GGUFs,
 #      tokenizer/chat vs transformers, greedy and teacher-forced parity with the HF fixtures on
 #      all five model files on the CPU and on the GPU backend — lavapipe when no GPU is there),
 #   1b. lean-cli serve through the official openai client (npm, rust/lean-cli/tests/openai-client),
-#   2. a wasm32 (+simd128) check of the library crates,
-#   3. both WebAssembly builds (scripts/build.sh) and lean-js's unit tests (vitest),
-#   3b. the README's first command (scripts/demo.sh) from an empty cargo registry and npm cache,
-#      serving the demo (scripts/check-demo-fresh.sh),
+#   3. both WebAssembly builds (scripts/build.sh: its single-thread build compiles the library
+#      crates for wasm32 +simd128 without default features, the multi-thread one with threads;
+#      up to date after step 0) and lean-js's unit tests (vitest),
 #   4. the browser tests (Playwright: Chromium and Firefox × simd/threads × every model).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,10 +19,24 @@ export LEAN_MODELS=${LEAN_MODELS:-$PWD/models}
 scripts/setup.sh
 scripts/fetch-test-models.sh "$LEAN_MODELS"
 
-echo "== cargo test (workspace)"
+fresh=""
 log=$(mktemp)
-trap 'rm -f "$log" "$log.js" "$log.browser" "$log.openai"' EXIT
-cargo test --workspace --locked 2>&1 | tee "$log"
+trap 'rm -rf "$fresh" "$log" "$log.js" "$log.browser" "$log.openai"' EXIT
+demo_status=0
+if [ "${LEAN_TEST_WARM:-0}" != 1 ]; then
+  echo "== the README's first command (scripts/demo.sh) from an empty cargo registry and npm cache"
+  fresh=$(mktemp -d)
+  mkdir -p "$fresh/cargo-home" "$fresh/npm-cache"
+  # Binaries that build.sh cargo-installs (wasm-bindgen-cli) land in the new home's bin.
+  export CARGO_HOME="$fresh/cargo-home" npm_config_cache="$fresh/npm-cache"
+  export PATH="$CARGO_HOME/bin:$PATH"
+  LEAN_FRESH_HOMES=1 scripts/check-demo-fresh.sh || demo_status=$?
+fi
+
+echo "== cargo test (workspace)"
+# One test at a time: the parity tests each keep both cores busy (rayon, lavapipe), and two at
+# once oversubscribe them (CPU parity: 504 s with two test threads, 348 s with one).
+RUST_TEST_THREADS=${RUST_TEST_THREADS:-1} cargo test --workspace --locked 2>&1 | tee "$log"
 
 echo "== lean-cli serve through the official openai client (npm)"
 openai_status=0
@@ -27,18 +44,10 @@ npm ci --prefix rust/lean-cli/tests/openai-client --no-audit --no-fund
 LEAN_CLI=${CARGO_TARGET_DIR:-$PWD/target}/debug/lean-cli \
   node --test rust/lean-cli/tests/openai-client/openai-client.test.mjs 2>&1 | tee "$log.openai" || openai_status=$?
 
-echo "== wasm32 (+simd128) check of the library crates"
-RUSTFLAGS='-C target-feature=+simd128 --cfg getrandom_backend="wasm_js"' \
-  cargo check --locked --target wasm32-unknown-unknown -p lean-gguf -p lean-quant -p lean-tokenizer -p lean --no-default-features
-
 echo "== WebAssembly builds and lean-js (vitest)"
 scripts/build.sh
 npm ci --no-audit --no-fund
 npm test 2>&1 | tee "$log.js"
-
-echo "== the README's first command (scripts/demo.sh) from an empty cargo registry and npm cache"
-demo_status=0
-scripts/check-demo-fresh.sh || demo_status=$?
 
 echo "== browsers (Playwright)"
 browser_status=0

@@ -69,11 +69,15 @@ fn check_model(
         parity_check::check_reuse(&mut engine, file, |_| true, None);
         parity_check::check_speculative(&mut engine, file, |_| true, None);
     } else {
-        parity_check::check_engine(
+        // Teacher-forced logits on every case but a long one's: 785 positions of Gemma 3's
+        // 262k-row head were 4 of lavapipe's minutes. Its greedy ids still need the sliding
+        // window right (turning it off changes logits by up to 41), and a real GPU runs all.
+        parity_check::check_engine_with(
             &mut engine,
             file,
             |name| cases.contains(&name),
             Some(max_greedy),
+            |name| !name.contains("sliding_window"),
         );
         // The cache carried across turns: one short case (lavapipe is slow).
         parity_check::check_reuse(&mut engine, file, |name| name == "raw_code", Some(8));
@@ -175,12 +179,15 @@ fn qwen25_coder_q4_0() {
     );
 }
 
-// Llama 3.x: rope_freqs factors, a 128k vocabulary, the tied head.
+// Llama 3.x: rope_freqs factors, a 128k vocabulary, the tied head. Its 262M-weight head makes
+// every teacher-forced position the slowest of any file on lavapipe (the two files took 6 of
+// CI's minutes), so CI runs one case of one file; the Q8_0 file's kernels are SmolLM2's and
+// Qwen3's, its graph the Q4_0 file's. Both files, and every case, with `LEAN_GPU_PARITY=full`.
 #[test]
 fn llama32_random_q4_0() {
     check_model(
         "llama-3.2-1b-random-q4_0.gguf",
-        &["raw_code", "chat_short"],
+        &["raw_code"],
         8,
         None,
         None,
@@ -189,6 +196,9 @@ fn llama32_random_q4_0() {
 
 #[test]
 fn llama32_random_q8_0() {
+    if !full() {
+        return;
+    }
     check_model(
         "llama-3.2-1b-random-q8_0.gguf",
         &["raw_code"],

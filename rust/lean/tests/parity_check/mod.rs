@@ -98,6 +98,18 @@ pub fn check_engine(
     include: impl Fn(&str) -> bool,
     max_greedy: Option<usize>,
 ) {
+    check_engine_with(engine, file, include, max_greedy, |_| true)
+}
+
+/// [`check_engine`], with the teacher-forced logits only on the cases `forced` accepts (the
+/// others: prompt and greedy ids).
+pub fn check_engine_with(
+    engine: &mut Engine,
+    file: &str,
+    include: impl Fn(&str) -> bool,
+    max_greedy: Option<usize>,
+    forced: impl Fn(&str) -> bool,
+) {
     let fixture = fixture_for(file);
     let mut failures = Vec::new();
     let mut worst_logit_error = 0f32;
@@ -149,6 +161,9 @@ pub fn check_engine(
             ));
         }
         // 3. teacher-forced logits at every position of prompt + reference continuation
+        if !forced(&case.name) {
+            continue;
+        }
         let all: Vec<u32> = case.prompt_ids.iter().chain(greedy_ids).copied().collect();
         let mut first_bad: Option<String> = None;
         engine
