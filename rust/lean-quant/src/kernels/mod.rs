@@ -698,9 +698,52 @@ unsafe fn rows_by_dot(
     x: &[f32],
     y: &mut [f32],
 ) {
-    for (y, row) in y.iter_mut().zip(w.chunks_exact(row_bytes)) {
+    let ahead = prefetch_distance();
+    for (r, (y, row)) in y.iter_mut().zip(w.chunks_exact(row_bytes)).enumerate() {
+        // The bytes `ahead` past this row's, as far as the matrix goes.
+        let from = (r * row_bytes + ahead).min(w.len());
+        let to = ((r + 1) * row_bytes + ahead).min(w.len());
+        prefetch(&w[from..to]);
         *y = dot(ty, row, x);
     }
+}
+
+/// How far ahead of the bytes a matvec reads it asks for the next ones (`prefetch`). A decode
+/// step streams every weight once from memory, and the hardware prefetchers alone left a
+/// Q4_0 matvec waiting on its loads (most of its samples under `perf`) at a third of the
+/// machine's streaming bandwidth (BENCHMARKS.md). `LEAN_PREFETCH` (bytes; 0 = off) overrides.
+pub(crate) fn prefetch_distance() -> usize {
+    static DISTANCE: OnceLock<usize> = OnceLock::new();
+    *DISTANCE.get_or_init(|| {
+        std::env::var("LEAN_PREFETCH")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(DEFAULT_PREFETCH_BYTES)
+    })
+}
+
+const DEFAULT_PREFETCH_BYTES: usize = 4096;
+
+/// Asks for the cache lines of `bytes` to be loaded (a hint: nothing is read, nothing can
+/// fault). A no-op where the target has no prefetch instruction in stable Rust.
+#[inline(always)]
+pub(crate) fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut p = bytes.as_ptr();
+        let end = p.wrapping_add(bytes.len());
+        while p < end {
+            // SAFETY: prefetch is a hint that never faults; SSE is part of x86_64.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    p as *const i8,
+                )
+            };
+            p = p.wrapping_add(64);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
 }
 
 /// A dot through the scalar dequantizer, 256 elements (one K-quant block) at a time into a

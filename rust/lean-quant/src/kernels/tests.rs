@@ -249,6 +249,53 @@ fn vnni_rows_match_an_exact_dot() {
     }
 }
 
+/// The VNNI kernels keep the last split activations per thread: a call with other activations
+/// (one element changed), or the same activations for another type, must give what a thread
+/// that never saw the earlier calls gives, bit for bit.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn vnni_rows_never_reuse_a_stale_split() {
+    if !super::avx512_vnni::supported() {
+        return;
+    }
+    use crate::TensorType::{Q4_0, Q4_1, Q8_0};
+    let mut state = 13;
+    let (rows, cols) = (6, 576);
+    let weights: Vec<_> = [Q4_0, Q4_1, Q8_0]
+        .into_iter()
+        .map(|ty| (ty, quant_rows(&mut state, ty, rows, cols)))
+        .collect();
+    let x = activations(&mut state, cols);
+    let mut nudged = x.clone();
+    nudged[300] = 1.0 - 3.0 * nudged[300];
+    let run = |ty: crate::TensorType, w: &[u8], x: &[f32]| {
+        let mut y = vec![f32::NAN; rows];
+        // SAFETY: `supported()` checked the CPU; `w` holds `rows` rows of `cols`.
+        assert!(unsafe { super::avx512_vnni::rows(ty, w, ty.row_bytes(cols).unwrap(), x, &mut y) });
+        y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    };
+    // Each call on a fresh thread: nothing cached.
+    let fresh =
+        |ty, w: &[u8], x: &[f32]| std::thread::scope(|s| s.spawn(|| run(ty, w, x)).join().unwrap());
+    let calls = [
+        (0, &x),
+        (0, &x),
+        (0, &nudged),
+        (1, &nudged),
+        (2, &nudged),
+        (0, &x),
+        (1, &x),
+    ];
+    for (i, x) in calls {
+        let (ty, w) = &weights[i];
+        assert_eq!(
+            run(*ty, w, x),
+            fresh(*ty, w, x),
+            "{ty} after the earlier calls"
+        );
+    }
+}
+
 /// Non-finite activations make the VNNI kernels decline (the f32 path propagates them).
 #[cfg(target_arch = "x86_64")]
 #[test]
