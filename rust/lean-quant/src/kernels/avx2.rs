@@ -707,8 +707,13 @@ unsafe fn vecmat_tile<const R: usize>(
     masks: [__m256i; 2],
 ) {
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    // As avx512's: the cached keys and values stream from memory; ask for them ahead.
+    let ahead = super::prefetch_distance() / 4;
     for i in 0..depth {
         let row = m.add(i * m_stride);
+        if ahead > 0 {
+            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(ahead) as *const i8);
+        }
         let m0 = _mm256_maskload_ps(row, masks[0]);
         let m1 = _mm256_maskload_ps(row.add(8), masks[1]);
         for (r, acc) in acc.iter_mut().enumerate() {
