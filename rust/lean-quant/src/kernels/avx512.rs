@@ -52,14 +52,14 @@ unsafe fn dot(ty: TensorType, row: &[u8], x: &[f32]) -> f32 {
     }
 }
 
-/// See `RowsFn`: Q4_0 and Q4_1 through the VNNI kernels where the CPU has them (limb-split
+/// See `RowsFn`: Q4_0, Q4_1 and Q5_0 through the VNNI kernels where the CPU has them (limb-split
 /// activations, see `avx512_vnni`), otherwise one fused dot per row. (The VNNI Q8_0 kernel is
 /// ~20% faster in cache but measured 3x slower on a 30 MB LM head streamed from memory on Zen 4,
 /// so Q8_0 stays on the f32 kernel.) (Passes over several rows
 /// at once, sharing the activation loads, measured ~5% faster on matrices in cache but up to 2x
 /// slower on a Q8_0 LM head streamed from memory.)
 unsafe fn rows(ty: TensorType, w: &[u8], row_bytes: usize, x: &[f32], y: &mut [f32]) {
-    if matches!(ty, TensorType::Q4_0 | TensorType::Q4_1)
+    if matches!(ty, TensorType::Q4_0 | TensorType::Q4_1 | TensorType::Q5_0)
         && vnni()
         && super::avx512_vnni::rows(ty, w, row_bytes, x, y)
     {

@@ -1,4 +1,4 @@
-//! AVX-512 VNNI matvec for Q4_0, Q4_1 and Q8_0: integer dots over the weights' own quants.
+//! AVX-512 VNNI matvec for Q4_0, Q4_1, Q5_0 and Q8_0: integer dots over the weights' own quants.
 //!
 //! The activations are NOT quantized to one int8: per 32-element block, x = s * (a0 + a1/128 +
 //! a2/128^2) with s = max|x| / 127 and three int8 limbs (a0 in [-127, 127], a1, a2 in
@@ -31,13 +31,12 @@ const TILE: usize = 4;
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
 struct Group {
-    /// `limbs[k]` for Q8_0: limb k of the group's 64 elements in order. Q4_0: `limbs[2k]` holds
+    /// `limbs[k]` for Q8_0: limb k of the group's 64 elements in order. Q4_0, Q4_1, Q5_0: `limbs[2k]` holds
     /// limb k of elements 0..16 of each of the 4 blocks (16 bytes per block, low nibbles),
     /// `limbs[2k+1]` elements 16..32 (high nibbles).
     limbs: [[i8; 64]; 6],
-    /// Per i32 lane: what the weights' offset adds, negated (Q4_0: -8 * sum of the block's
-    /// combined limbs, in the block's first lane; Q8_0: -128 * the lane's own limb sums, one
-    /// vector per limb).
+    /// Per i32 lane: what the weights' offset adds, negated (Q4_0: -8 * the lane's combined
+    /// limbs, Q5_0: -16 *; Q8_0: -128 * the lane's own limb sums, one vector per limb).
     offset: [[i32; 16]; 3],
     /// Per i32 lane: the lane's block scale s / 2^14.
     scale: [f32; 16],
@@ -128,7 +127,7 @@ unsafe fn split_block(x: *const f32, out: impl Fn(usize, usize) -> *mut i8) -> O
 /// Lays out `x` for `ty`'s kernel; `false` if some block cannot be split. Safety: `supported()`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,fma,f16c")]
 unsafe fn prepare(ty: TensorType, x: &[f32], groups: &mut Vec<Group>) -> bool {
-    let q4 = matches!(ty, TensorType::Q4_0 | TensorType::Q4_1);
+    let q4 = matches!(ty, TensorType::Q4_0 | TensorType::Q4_1 | TensorType::Q5_0);
     let per_group = if q4 { 4 } else { 2 };
     let blocks = x.len() / 32;
     groups.clear();
@@ -169,7 +168,8 @@ unsafe fn prepare(ty: TensorType, x: &[f32], groups: &mut Vec<Group>) -> bool {
         if ty == TensorType::Q4_1 {
             // Unsigned quants: no offset.
         } else if q4 {
-            // -8 * the lane's combined limbs: the quants' offset, spread over the block's lanes.
+            // -8 (Q5_0: -16) * the lane's combined limbs: the quants' offset, spread over the
+            // block's lanes.
             let comb = _mm512_add_epi32(
                 _mm512_add_epi32(
                     _mm512_slli_epi32::<{ 2 * BASE_BITS as u32 }>(sums[0]),
@@ -177,7 +177,10 @@ unsafe fn prepare(ty: TensorType, x: &[f32], groups: &mut Vec<Group>) -> bool {
                 ),
                 sums[2],
             );
-            let offset = _mm512_sub_epi32(zero, _mm512_slli_epi32::<3>(comb));
+            let offset = match ty {
+                TensorType::Q5_0 => _mm512_sub_epi32(zero, _mm512_slli_epi32::<4>(comb)),
+                _ => _mm512_sub_epi32(zero, _mm512_slli_epi32::<3>(comb)),
+            };
             _mm512_store_si512(group.offset[0].as_mut_ptr() as *mut _, offset);
         } else {
             for (l, sum) in sums.into_iter().enumerate() {
@@ -189,7 +192,7 @@ unsafe fn prepare(ty: TensorType, x: &[f32], groups: &mut Vec<Group>) -> bool {
     true
 }
 
-/// `RowsFn` for Q4_0, Q4_1 and Q8_0 when the CPU has VNNI and VBMI; `false` (nothing written) when
+/// `RowsFn` for Q4_0, Q4_1, Q5_0 and Q8_0 when the CPU has VNNI and VBMI; `false` (nothing written) when
 /// the activations have a non-finite or subnormal-scaled block.
 /// Safety: as `RowsFn`, and `supported()`.
 pub(super) unsafe fn rows(
@@ -225,16 +228,18 @@ pub(super) unsafe fn rows(
             let row = w.as_ptr().add(t * TILE * row_bytes);
             let out: &mut [f32; TILE] = out.try_into().unwrap();
             *out = match ty {
-                TensorType::Q4_0 => rows_q4::<TILE, false>(row, row_bytes, blocks, groups),
-                TensorType::Q4_1 => rows_q4::<TILE, true>(row, row_bytes, blocks, groups),
+                TensorType::Q4_0 => rows_q4::<TILE, Q4_0>(row, row_bytes, blocks, groups),
+                TensorType::Q4_1 => rows_q4::<TILE, Q4_1>(row, row_bytes, blocks, groups),
+                TensorType::Q5_0 => rows_q4::<TILE, Q5_0>(row, row_bytes, blocks, groups),
                 _ => rows_q8_0::<TILE>(row, row_bytes, blocks, groups),
             };
         }
         for (r, out) in chunks.into_remainder().iter_mut().enumerate() {
             let row = w.as_ptr().add((done + r) * row_bytes);
             *out = match ty {
-                TensorType::Q4_0 => rows_q4::<1, false>(row, row_bytes, blocks, groups)[0],
-                TensorType::Q4_1 => rows_q4::<1, true>(row, row_bytes, blocks, groups)[0],
+                TensorType::Q4_0 => rows_q4::<1, Q4_0>(row, row_bytes, blocks, groups)[0],
+                TensorType::Q4_1 => rows_q4::<1, Q4_1>(row, row_bytes, blocks, groups)[0],
+                TensorType::Q5_0 => rows_q4::<1, Q5_0>(row, row_bytes, blocks, groups)[0],
                 _ => rows_q8_0::<1>(row, row_bytes, blocks, groups)[0],
             };
         }
@@ -243,7 +248,8 @@ pub(super) unsafe fn rows(
 }
 
 /// Gather indices: byte j is quant byte j%16 of block j/16 (Q4_0: after the 2-byte scale,
-/// blocks 18 bytes apart; Q4_1: after scale and minimum, 20 bytes apart).
+/// blocks 18 bytes apart; Q4_1: after scale and minimum, 20 bytes apart; Q5_0: after the scale
+/// and the 4 bytes of fifth bits, 22 bytes apart).
 const fn q4_bytes(stride: usize, head: usize) -> [u8; 64] {
     let mut out = [0u8; 64];
     let mut j = 0;
@@ -277,10 +283,36 @@ const fn scale_words(stride: usize, at: usize, lanes: usize) -> [u16; 32] {
 
 static Q4_0_BYTES: [u8; 64] = q4_bytes(18, 2);
 static Q4_1_BYTES: [u8; 64] = q4_bytes(20, 4);
+static Q5_0_BYTES: [u8; 64] = q4_bytes(22, 6);
 static Q8_0_BYTES: [u8; 64] = q8_0_bytes();
 static Q4_0_SCALES: [u16; 32] = scale_words(18, 0, 4);
 static Q4_1_SCALES: [u16; 32] = scale_words(20, 0, 4);
 static Q4_1_MINS: [u16; 32] = scale_words(20, 2, 4);
+static Q5_0_SCALES: [u16; 32] = scale_words(22, 0, 4);
+/// For Q5_0's quant byte j (block j/16, element j%16, and 16 more for the high nibble): the byte
+/// of the block's qh (after its 2-byte scale) that holds the element's fifth bit.
+static Q5_0_FIFTH_LOW: [u8; 64] = q5_fifth_bytes(0);
+static Q5_0_FIFTH_HIGH: [u8; 64] = q5_fifth_bytes(2);
+/// Byte j: bit j % 8, the bit `Q5_0_FIFTH_*`'s byte j holds for it.
+static BIT_OF_BYTE: [u8; 64] = {
+    let mut out = [0u8; 64];
+    let mut j = 0;
+    while j < 64 {
+        out[j] = 1 << (j % 8);
+        j += 1;
+    }
+    out
+};
+
+const fn q5_fifth_bytes(first: usize) -> [u8; 64] {
+    let mut out = [0u8; 64];
+    let mut j = 0;
+    while j < 64 {
+        out[j] = (22 * (j / 16) + 2 + first + (j % 16) / 8) as u8;
+        j += 1;
+    }
+    out
+}
 static Q8_0_SCALES: [u16; 32] = scale_words(34, 0, 8);
 
 /// Bytes `p..p+n` (n <= 64), the rest zero, without reading past them.
@@ -304,22 +336,35 @@ unsafe fn combine(limb: [__m512i; 3], d: __m512, scale: __m512, acc: __m512) -> 
     _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, scale), acc)
 }
 
+/// `rows_q4`'s block types: 4-bit quants and 16 bytes of them per block, Q5_0's fifth bits aside.
+const Q4_0: u8 = 0;
+const Q4_1: u8 = 1;
+const Q5_0: u8 = 2;
+
+/// `R` rows of Q4_0, Q4_1 or Q5_0 (`KIND`) against the split activations: per group of 4 blocks,
+/// one gather of their 64 quant bytes, whose low nibbles are elements 0..16 of each block and
+/// high nibbles 16..32 (Q5_0 adds each element's fifth bit from its block's `qh`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,fma,f16c")]
-unsafe fn rows_q4<const R: usize, const Q4_1: bool>(
+unsafe fn rows_q4<const R: usize, const KIND: u8>(
     row: *const u8,
     row_bytes: usize,
     blocks: usize,
     groups: &[Group],
 ) -> [f32; R] {
-    let block_bytes = if Q4_1 { 20 } else { 18 };
-    let (gather, scales) = match Q4_1 {
-        true => (Q4_1_BYTES.as_ptr(), Q4_1_SCALES.as_ptr()),
-        false => (Q4_0_BYTES.as_ptr(), Q4_0_SCALES.as_ptr()),
+    let block_bytes = [18, 20, 22][KIND as usize];
+    let (gather, scales) = match KIND {
+        Q4_1 => (Q4_1_BYTES.as_ptr(), Q4_1_SCALES.as_ptr()),
+        Q5_0 => (Q5_0_BYTES.as_ptr(), Q5_0_SCALES.as_ptr()),
+        _ => (Q4_0_BYTES.as_ptr(), Q4_0_SCALES.as_ptr()),
     };
     let gather = _mm512_loadu_si512(gather as *const _);
     let scales = _mm512_loadu_si512(scales as *const _);
     let mins = _mm512_loadu_si512(Q4_1_MINS.as_ptr() as *const _);
     let nibble = _mm512_set1_epi8(0x0F);
+    let fifth = _mm512_set1_epi8(0x10);
+    let fifth_low = _mm512_loadu_si512(Q5_0_FIFTH_LOW.as_ptr() as *const _);
+    let fifth_high = _mm512_loadu_si512(Q5_0_FIFTH_HIGH.as_ptr() as *const _);
+    let bit_of_byte = _mm512_loadu_si512(BIT_OF_BYTE.as_ptr() as *const _);
     let mut acc = [_mm512_setzero_ps(); R];
     for (g, group) in groups.iter().enumerate() {
         let left = blocks - 4 * g;
@@ -330,22 +375,46 @@ unsafe fn rows_q4<const R: usize, const Q4_1: bool>(
         let sums = _mm512_load_ps(group.sums.as_ptr());
         for (r, acc) in acc.iter_mut().enumerate() {
             let p = row.add(r * row_bytes + g * 4 * block_bytes);
-            // A whole group is 64 bytes and 8 (Q4_0) or 16 (Q4_1) more, never read past.
-            let (lo, hi) = if left >= 4 {
-                let tail = match Q4_1 {
-                    true => _mm_loadu_si128(p.add(64) as *const __m128i),
-                    false => _mm_loadl_epi64(p.add(64) as *const __m128i),
+            // A whole group is 64 bytes and 8 (Q4_0), 16 (Q4_1) or 24 (Q5_0) more, never
+            // read past.
+            let whole = left >= 4;
+            let (lo, hi) = if whole {
+                let head = _mm512_loadu_si512(p as *const _);
+                let tail = match KIND {
+                    Q4_1 => _mm512_castsi128_si512(_mm_loadu_si128(p.add(64) as *const __m128i)),
+                    Q5_0 => load_partial(p.add(64), 24),
+                    _ => _mm512_castsi128_si512(_mm_loadl_epi64(p.add(64) as *const __m128i)),
                 };
+                (head, tail)
+            } else if block_bytes * left > 64 {
                 (
                     _mm512_loadu_si512(p as *const _),
-                    _mm512_castsi128_si512(tail),
+                    load_partial(p.add(64), block_bytes * left - 64),
                 )
             } else {
                 (load_partial(p, block_bytes * left), _mm512_setzero_si512())
             };
             let q = _mm512_permutex2var_epi8(lo, gather, hi);
-            let low = _mm512_and_si512(q, nibble);
-            let high = _mm512_and_si512(_mm512_srli_epi16::<4>(q), nibble);
+            let mut low = _mm512_and_si512(q, nibble);
+            let mut high = _mm512_and_si512(_mm512_srli_epi16::<4>(q), nibble);
+            if KIND == Q5_0 {
+                // Element i's fifth bit is bit i of its block's qh: gather for every quant byte
+                // the qh byte holding its bit, test that bit, and add 16 where it is set.
+                let low_bits = _mm512_permutex2var_epi8(lo, fifth_low, hi);
+                let high_bits = _mm512_permutex2var_epi8(lo, fifth_high, hi);
+                low = _mm512_mask_add_epi8(
+                    low,
+                    _mm512_test_epi8_mask(low_bits, bit_of_byte),
+                    low,
+                    fifth,
+                );
+                high = _mm512_mask_add_epi8(
+                    high,
+                    _mm512_test_epi8_mask(high_bits, bit_of_byte),
+                    high,
+                    fifth,
+                );
+            }
             let dot = |k: usize, init: __m512i| {
                 _mm512_dpbusd_epi32(
                     _mm512_dpbusd_epi32(init, low, limbs[2 * k]),
@@ -354,9 +423,12 @@ unsafe fn rows_q4<const R: usize, const Q4_1: bool>(
                 )
             };
             let zero = _mm512_setzero_si512();
-            let d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(scales, lo)));
+            // Block k's scale in lanes 4k..4k+4 (Q5_0's last block's is past byte 64: in `hi`).
+            let d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(
+                lo, scales, hi,
+            )));
             *acc = combine([dot(0, zero), dot(1, zero), dot(2, offset)], d, scale, *acc);
-            if Q4_1 {
+            if KIND == Q4_1 {
                 // + m * sum(x) per block.
                 let m = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(mins, lo)));
                 *acc = _mm512_fmadd_ps(m, sums, *acc);

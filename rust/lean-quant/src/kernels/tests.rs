@@ -225,6 +225,7 @@ fn vnni_rows_match_an_exact_dot() {
     for ty in [
         crate::TensorType::Q4_0,
         crate::TensorType::Q4_1,
+        crate::TensorType::Q5_0,
         crate::TensorType::Q8_0,
     ] {
         for rows in [1, 2, 3, 5] {
@@ -258,10 +259,10 @@ fn vnni_rows_never_reuse_a_stale_split() {
     if !super::avx512_vnni::supported() {
         return;
     }
-    use crate::TensorType::{Q4_0, Q4_1, Q8_0};
+    use crate::TensorType::{Q4_0, Q4_1, Q5_0, Q8_0};
     let mut state = 13;
     let (rows, cols) = (6, 576);
-    let weights: Vec<_> = [Q4_0, Q4_1, Q8_0]
+    let weights: Vec<_> = [Q4_0, Q4_1, Q8_0, Q5_0]
         .into_iter()
         .map(|ty| (ty, quant_rows(&mut state, ty, rows, cols)))
         .collect();
