@@ -144,7 +144,7 @@ window.leanJs = {
   /**
    * bench-browser.mjs: one greedy raw completion of `prompt` from an empty KV cache, `genTokens`
    * tokens (end of sequence ignored), timed on the page as wllama-page/page.js times wllama:
-   * prefill = call → first token, decode = first → last token. The engine's own figures too.
+   * prefill = call → first token, decode = first → last token.
    */
   async benchPrompt({ prompt, genTokens }) {
     await engine.resetChat();
@@ -164,8 +164,6 @@ window.leanJs = {
       text: r.text,
       prefillMs: first - started,
       decodeMs: last - first,
-      engine: { prefillTokensPerSecond: r.prefillTokensPerSecond, decodeTokensPerSecond: r.decodeTokensPerSecond },
-      speculation: r.speculation,
     };
   },
 
