@@ -1,8 +1,9 @@
 // Static server for the browser tests: 127.0.0.1 only, with the headers that make a page
 // cross-origin isolated (COOP + COEP), which SharedArrayBuffer and so the threads build need.
 // Serves only what the tests load: the built wasm packages, the test pages, lean-js's build
-// (packages/lean-js/dist), the HF fixtures, the test models ($LEAN_MODELS, default models/) and,
-// when $LEAN_VITE_APP names a built app (scripts/test-vite-app.sh), that app under /app/.
+// (packages/lean-js/dist), the HF fixtures, the test models ($LEAN_MODELS, default models/),
+// wllama's npm builds and their page (bench-browser.mjs, a benchmark) and, when $LEAN_VITE_APP
+// names a built app (scripts/test-vite-app.sh), that app under /app/.
 // It counts the requests per path, so a test can tell what came from the network rather than
 // from a cache: GET /__stats answers {path: count}, DELETE /__stats resets the counts. No
 // dependencies.
@@ -23,6 +24,9 @@ const roots = {
   "/page/": join(repo, "playwright/page"),
   "/lean-js/": join(repo, "packages/lean-js/dist"),
   "/lean-js-page/": join(repo, "playwright/lean-js-page"),
+  "/wllama/": join(repo, "playwright/node_modules/@wllama/wllama/esm"),
+  "/wllama-v2/": join(repo, "playwright/node_modules/wllama-v2/esm"),
+  "/wllama-page/": join(repo, "playwright/wllama-page"),
   "/fixtures/": join(repo, "fixtures/hf"),
   "/models/": resolve(process.env.LEAN_MODELS ?? join(repo, "models")),
   ...(process.env.LEAN_VITE_APP ? { "/app/": resolve(process.env.LEAN_VITE_APP) } : {}),

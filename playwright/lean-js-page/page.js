@@ -141,6 +141,32 @@ window.leanJs = {
     return turns;
   },
 
+  /**
+   * bench-browser.mjs: one greedy raw completion of `prompt` from an empty KV cache, `genTokens`
+   * tokens (end of sequence ignored), timed on the page as wllama-page/page.js times wllama:
+   * prefill = call → first token, decode = first → last token.
+   */
+  async benchPrompt({ prompt, genTokens }) {
+    await engine.resetChat();
+    const started = performance.now();
+    const stream = engine.generate(prompt, { maxTokens: genTokens, temperature: 0, stopTokenIds: [] });
+    let first = 0;
+    let last = 0;
+    for await (const _ of stream) {
+      last = performance.now();
+      first ||= last;
+    }
+    const r = await stream.result;
+    return {
+      promptTokens: r.promptTokens,
+      cachedTokens: r.cachedTokens,
+      generated: r.tokenIds.length,
+      text: r.text,
+      prefillMs: first - started,
+      decodeMs: last - first,
+    };
+  },
+
   /** A greedy generation's ids and its prompt's length (tests/lone-gguf.spec.js). */
   async run(prompt, maxTokens) {
     const stream = engine.generate(prompt, { maxTokens, temperature: 0, stopTokenIds: [] });
