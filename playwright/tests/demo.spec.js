@@ -125,6 +125,40 @@ test("device page: capabilities, backend decisions, and the parity self-check ma
   }
 });
 
+test("device page: the one-click benchmark measures load, prefill and decode on every backend", async ({ page }, testInfo) => {
+  requireDemo();
+  test.setTimeout(10 * 60_000);
+  // As above: SwiftShader's WebGPU is hidden in Chromium (minutes a row); Firefox's lavapipe runs.
+  const hideWebGpu = testInfo.project.name === "chromium";
+  if (hideWebGpu) {
+    await page.addInitScript(() => Object.defineProperty(Navigator.prototype, "gpu", { get: () => undefined, configurable: true }));
+  }
+  await page.goto(`${demo}/device.html?benchTokens=8`);
+  await expect(page.locator("body")).toHaveAttribute("data-state", "ready");
+  await expect(page.locator("#bench-tokens")).toHaveText("8");
+  await page.click("#benchmark");
+  await expect(page.locator("body")).toHaveAttribute("data-benchmark", /done|failed/, { timeout: 9 * 60_000 });
+  const rows = await page.locator("#bench tr").allTextContents();
+  console.log(`${testInfo.project.name} benchmark:\n  ${rows.join("\n  ")}`);
+  await screenshot(page, testInfo, "device-benchmark");
+  expect(await page.locator("body").getAttribute("data-benchmark")).toBe("done");
+  for (const backend of hideWebGpu ? ["threads", "simd"] : ["webgpu", "threads", "simd"]) {
+    const row = page.locator(`#bench tr:has(th:text-is("${backend}"))`);
+    await expect(row).toHaveAttribute("data-outcome", "measured");
+    // Every figure is a positive number, the prompt the same on every backend, 8 tokens decoded.
+    const text = await row.textContent();
+    const match = text.match(/load ([\d.]+) s · prefill ([\d.]+) tok\/s \((\d+) tokens\) · decode ([\d.]+) tok\/s \(8 tokens\) · (\w+)$/);
+    expect(match, text).not.toBeNull();
+    expect(Number(match[2])).toBeGreaterThan(0);
+    expect(Number(match[4])).toBeGreaterThan(0);
+    expect(Number(match[3])).toBeGreaterThan(100);
+    expect(match[5]).toBe(backend);
+  }
+  if (hideWebGpu) {
+    await expect(page.locator('#bench tr:has(th:text-is("webgpu"))')).toHaveAttribute("data-outcome", "not available");
+  }
+});
+
 test("chat page: Markdown rendered and sanitized, system prompt and sampling settings sent, backend badge", async ({ page }, testInfo) => {
   requireDemo();
   await page.goto(`${demo}/?backend=simd&autoload=1`);

@@ -164,4 +164,78 @@ async function selfCheck(): Promise<void> {
 }
 (document.getElementById("self-check") as HTMLButtonElement).onclick = () => void selfCheck();
 
+/**
+ * The benchmark's prompt: plain prose, 132 tokens for SmolLM2's tokenizer, run raw (no chat
+ * template) so that every backend prefills exactly the same ids.
+ */
+const BENCH_PROMPT =
+  "The lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a lamp, a " +
+  "notebook and a thermos of tea. From the gallery he could see the whole bay: the fishing boats " +
+  "coming home, the ferry crossing to the island, the gulls settling on the breakwater. He wrote " +
+  "down the wind, the state of the sea and the ships that passed, as his father had done before " +
+  "him. One night in November a storm rolled in from the west, and the radio crackled with a " +
+  "call from a small sailing boat that had lost its mast. The keeper turned the great lens " +
+  "toward the rocks and began to signal, slowly and patiently, until";
+/** Decoded tokens per backend: `?benchTokens=N` (1–512) shortens or lengthens the run. */
+const BENCH_TOKENS = (() => {
+  const n = Number(new URLSearchParams(location.search).get("benchTokens"));
+  return Number.isInteger(n) && n >= 1 && n <= 512 ? n : 64;
+})();
+document.getElementById("bench-tokens")!.textContent = String(BENCH_TOKENS);
+
+/** One backend's row: load, prefill and decode, each timed on its own. */
+async function benchBackend(backend: Backend): Promise<string> {
+  const started = performance.now();
+  const engine = await createEngine({ model: CHECK_MODEL, backend, contextLength: 512, cache: false });
+  try {
+    const loadSeconds = (performance.now() - started) / 1000;
+    const result = await engine.generate(BENCH_PROMPT, {
+      maxTokens: BENCH_TOKENS,
+      temperature: 0,
+      stopTokenIds: [],
+    }).result;
+    const decode =
+      result.tokenIds.length > 1 ? `decode ${result.decodeTokensPerSecond.toPrecision(3)} tok/s` : "decode: one token only";
+    return (
+      `load ${loadSeconds.toFixed(2)} s · prefill ${result.prefillTokensPerSecond.toPrecision(3)} tok/s ` +
+      `(${result.promptTokens} tokens) · ${decode} (${result.tokenIds.length} tokens) · ${engine.backend}`
+    );
+  } finally {
+    engine.dispose();
+  }
+}
+
+async function benchmark(): Promise<void> {
+  const button = document.getElementById("benchmark") as HTMLButtonElement;
+  button.disabled = true;
+  document.body.dataset.benchmark = "running";
+  const rows: [string, string][] = [];
+  const outcomes: string[] = [];
+  const render = () => {
+    table("bench", rows);
+    const rendered = (document.getElementById("bench") as HTMLTableElement).rows;
+    outcomes.forEach((outcome, i) => (rendered[i]!.dataset.outcome = outcome));
+  };
+  try {
+    for (const backend of ["webgpu", "threads", "simd"] as Backend[]) {
+      rows.push([backend, "running…"]);
+      render();
+      let outcome: [string, string];
+      try {
+        chooseBackend(backend, caps, installedBuilds);
+        outcome = ["measured", await benchBackend(backend)];
+      } catch (e) {
+        outcome = e instanceof Error && e.name === "BackendUnavailableError" ? ["not available", e.message] : ["error", String(e)];
+      }
+      rows[rows.length - 1] = [backend, outcome[0] === "measured" ? outcome[1] : `${outcome[0]} — ${outcome[1]}`];
+      outcomes[rows.length - 1] = outcome[0];
+      render();
+    }
+    document.body.dataset.benchmark = outcomes.includes("error") ? "failed" : "done";
+  } finally {
+    button.disabled = false;
+  }
+}
+(document.getElementById("benchmark") as HTMLButtonElement).onclick = () => void benchmark();
+
 document.body.dataset.state = "ready";
