@@ -29,6 +29,20 @@ async function screenshot(page, testInfo, name) {
   await testInfo.attach(name, { path, contentType: "image/png" });
 }
 
+/**
+ * Chromium's WebGPU here is SwiftShader: a device-page row on it took 2.5 of CI's minutes, and
+ * parity.spec.js runs WebGPU in Chromium already. There the page sees a browser without WebGPU
+ * instead (navigator.gpu hidden, in the page and its workers), and its row must say so; Firefox's
+ * lavapipe runs. Returns whether it hid WebGPU.
+ */
+async function hideChromiumWebGpu(page, testInfo) {
+  const hide = testInfo.project.name === "chromium";
+  if (hide) {
+    await page.addInitScript(() => Object.defineProperty(Navigator.prototype, "gpu", { get: () => undefined, configurable: true }));
+  }
+  return hide;
+}
+
 for (const backend of ["simd", "threads"]) {
   test(`chat page (${backend}): answers, and the next turn comes from the cache`, async ({ page }, testInfo) => {
     requireDemo();
@@ -95,13 +109,7 @@ test("chat page: Stop ends a reply midway and the chat goes on; another model lo
 test("device page: capabilities, backend decisions, and the parity self-check matches on every backend", async ({ page }, testInfo) => {
   requireDemo();
   test.setTimeout(15 * 60_000);
-  // Chromium's WebGPU here is SwiftShader: its self-check row took 2.5 of CI's minutes, and
-  // parity.spec.js runs WebGPU in Chromium already. There the page sees a browser without
-  // WebGPU instead (navigator.gpu hidden, in the page and its workers): its row must say so.
-  const hideWebGpu = testInfo.project.name === "chromium";
-  if (hideWebGpu) {
-    await page.addInitScript(() => Object.defineProperty(Navigator.prototype, "gpu", { get: () => undefined, configurable: true }));
-  }
+  const hideWebGpu = await hideChromiumWebGpu(page, testInfo);
   await page.goto(`${demo}/device.html`);
   await expect(page.locator("body")).toHaveAttribute("data-state", "ready");
   await expect(page.locator("#capabilities tr")).toHaveCount(8);
@@ -128,11 +136,7 @@ test("device page: capabilities, backend decisions, and the parity self-check ma
 test("device page: the one-click benchmark measures load, prefill and decode on every backend", async ({ page }, testInfo) => {
   requireDemo();
   test.setTimeout(10 * 60_000);
-  // As above: SwiftShader's WebGPU is hidden in Chromium (minutes a row); Firefox's lavapipe runs.
-  const hideWebGpu = testInfo.project.name === "chromium";
-  if (hideWebGpu) {
-    await page.addInitScript(() => Object.defineProperty(Navigator.prototype, "gpu", { get: () => undefined, configurable: true }));
-  }
+  const hideWebGpu = await hideChromiumWebGpu(page, testInfo);
   await page.goto(`${demo}/device.html?benchTokens=8`);
   await expect(page.locator("body")).toHaveAttribute("data-state", "ready");
   await expect(page.locator("#bench-tokens")).toHaveText("8");

@@ -123,40 +123,48 @@ async function checkBackend(backend: Backend, reference: FixtureCase): Promise<[
   }
 }
 
+/**
+ * Runs `run` on each backend this page knows, in turn, into table `id`: a row a backend, saying
+ * "outcome — detail", with the outcome also on its <tr> as `data-<attribute>` (the table is
+ * redrawn as rows come). A backend this browser cannot run is "not available", a throw "error".
+ * Returns the outcomes.
+ */
+async function eachBackend(id: string, attribute: string, run: (backend: Backend) => Promise<[string, string]>): Promise<string[]> {
+  const rows: [string, string][] = [];
+  const outcomes: string[] = [];
+  const render = () => {
+    table(id, rows);
+    const rendered = (document.getElementById(id) as HTMLTableElement).rows;
+    outcomes.forEach((outcome, i) => (rendered[i]!.dataset[attribute] = outcome));
+  };
+  for (const backend of ["webgpu", "threads", "simd"] as Backend[]) {
+    rows.push([backend, "running…"]);
+    render();
+    let outcome: [string, string];
+    try {
+      chooseBackend(backend, caps, installedBuilds);
+      outcome = await run(backend);
+    } catch (e) {
+      outcome = e instanceof Error && e.name === "BackendUnavailableError" ? ["not available", e.message] : ["error", String(e)];
+    }
+    rows[rows.length - 1] = [backend, `${outcome[0]} — ${outcome[1]}`];
+    outcomes[rows.length - 1] = outcome[0];
+    render();
+  }
+  return outcomes;
+}
+
 async function selfCheck(): Promise<void> {
   const button = document.getElementById("self-check") as HTMLButtonElement;
   button.disabled = true;
   document.body.dataset.selfCheck = "running";
-  const rows: [string, string][] = [];
-  /** Each row's verdict, kept on its <tr> as data-verdict (the table is redrawn as rows come). */
-  const verdicts: string[] = [];
-  const render = () => {
-    table("parity", rows);
-    const rendered = (document.getElementById("parity") as HTMLTableElement).rows;
-    verdicts.forEach((verdict, i) => (rendered[i]!.dataset.verdict = verdict));
-  };
   try {
     const fixture = (await (await fetch(`fixtures/${CHECK_MODEL}.json`)).json()) as { cases: FixtureCase[] };
     const reference = fixture.cases.find((c) => c.name === CHECK_CASE)!;
-    for (const backend of ["webgpu", "threads", "simd"] as Backend[]) {
-      let verdict: [string, string];
-      try {
-        chooseBackend(backend, caps, installedBuilds);
-        rows.push([backend, "running…"]);
-        render();
-        verdict = await checkBackend(backend, reference);
-      } catch (e) {
-        verdict = e instanceof Error && e.name === "BackendUnavailableError" ? ["not available", e.message] : ["error", String(e)];
-        if (rows.at(-1)?.[0] !== backend) rows.push([backend, ""]);
-      }
-      rows[rows.length - 1] = [backend, `${verdict[0]} — ${verdict[1]}`];
-      verdicts[rows.length - 1] = verdict[0];
-      render();
-    }
-    document.body.dataset.selfCheck = rows.some(([, v]) => v.startsWith("mismatch") || v.startsWith("error")) ? "failed" : "passed";
+    const verdicts = await eachBackend("parity", "verdict", (backend) => checkBackend(backend, reference));
+    document.body.dataset.selfCheck = verdicts.some((v) => v === "mismatch" || v === "error") ? "failed" : "passed";
   } catch (e) {
-    rows.push(["self-check", e instanceof Error ? `${e.name}: ${e.message}` : String(e)]);
-    render();
+    table("parity", [["self-check", e instanceof Error ? `${e.name}: ${e.message}` : String(e)]]);
     document.body.dataset.selfCheck = "failed";
   } finally {
     button.disabled = false;
@@ -209,28 +217,8 @@ async function benchmark(): Promise<void> {
   const button = document.getElementById("benchmark") as HTMLButtonElement;
   button.disabled = true;
   document.body.dataset.benchmark = "running";
-  const rows: [string, string][] = [];
-  const outcomes: string[] = [];
-  const render = () => {
-    table("bench", rows);
-    const rendered = (document.getElementById("bench") as HTMLTableElement).rows;
-    outcomes.forEach((outcome, i) => (rendered[i]!.dataset.outcome = outcome));
-  };
   try {
-    for (const backend of ["webgpu", "threads", "simd"] as Backend[]) {
-      rows.push([backend, "running…"]);
-      render();
-      let outcome: [string, string];
-      try {
-        chooseBackend(backend, caps, installedBuilds);
-        outcome = ["measured", await benchBackend(backend)];
-      } catch (e) {
-        outcome = e instanceof Error && e.name === "BackendUnavailableError" ? ["not available", e.message] : ["error", String(e)];
-      }
-      rows[rows.length - 1] = [backend, outcome[0] === "measured" ? outcome[1] : `${outcome[0]} — ${outcome[1]}`];
-      outcomes[rows.length - 1] = outcome[0];
-      render();
-    }
+    const outcomes = await eachBackend("bench", "outcome", async (backend) => ["measured", await benchBackend(backend)]);
     document.body.dataset.benchmark = outcomes.includes("error") ? "failed" : "done";
   } finally {
     button.disabled = false;

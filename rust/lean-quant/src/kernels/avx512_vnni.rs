@@ -377,8 +377,7 @@ unsafe fn rows_q4<const R: usize, const KIND: u8>(
             let p = row.add(r * row_bytes + g * 4 * block_bytes);
             // A whole group is 64 bytes and 8 (Q4_0), 16 (Q4_1) or 24 (Q5_0) more, never
             // read past.
-            let whole = left >= 4;
-            let (lo, hi) = if whole {
+            let (lo, hi) = if left >= 4 {
                 let head = _mm512_loadu_si512(p as *const _);
                 let tail = match KIND {
                     Q4_1 => _mm512_castsi128_si512(_mm_loadu_si128(p.add(64) as *const __m128i)),
