@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing lean needs on a fresh Debian machine with rustup:
 # system packages (the browsers and Vulkan drivers of the browser tests included), the wasm32
-# target. Idempotent and quiet when everything is there. (scripts/build.sh installs the nightly
+# targets (wasm32-wasip1: lean-quant's simd128 kernel tests under Node, scripts/test-wasi.sh). Idempotent and quiet when everything is there. (scripts/build.sh installs the nightly
 # toolchain, wasm-bindgen-cli and wasm-opt that the WebAssembly builds need.)
 set -euo pipefail
 need_apt=()
@@ -22,4 +22,6 @@ if ! command -v cargo >/dev/null 2>&1; then
   echo "setup: cargo not found; install Rust with rustup first" >&2
   exit 1
 fi
-rustup target list --installed | grep -q '^wasm32-unknown-unknown$' || rustup target add wasm32-unknown-unknown
+for target in wasm32-unknown-unknown wasm32-wasip1; do
+  rustup target list --installed | grep -qx "$target" || rustup target add "$target"
+done

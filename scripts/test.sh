@@ -7,6 +7,8 @@
 #   1. the Rust workspace's tests (unit, kernels vs scalar references, malformed GGUFs,
 #      tokenizer/chat vs transformers, greedy and teacher-forced parity with the HF fixtures on
 #      all five model files on the CPU and on the GPU backend — lavapipe when no GPU is there),
+#   1a. lean-quant's tests for wasm32-wasip1 with simd128 under Node (scripts/test-wasi.sh): the
+#      browser builds' kernels against the scalar references,
 #   1b. lean-cli serve through the official openai client (npm, rust/lean-cli/tests/openai-client),
 #   3. both WebAssembly builds (scripts/build.sh: its single-thread build compiles the library
 #      crates for wasm32 +simd128 without default features, the multi-thread one with threads;
@@ -37,6 +39,9 @@ echo "== cargo test (workspace)"
 # One test at a time: the parity tests each keep both cores busy (rayon, lavapipe), and two at
 # once oversubscribe them (CPU parity: 504 s with two test threads, 348 s with one).
 RUST_TEST_THREADS=${RUST_TEST_THREADS:-1} cargo test --workspace --locked 2>&1 | tee "$log"
+
+echo "== lean-quant's simd128 kernels (wasm32-wasip1 under Node's WASI)"
+scripts/test-wasi.sh 2>&1 | tee -a "$log"
 
 echo "== lean-cli serve through the official openai client (npm)"
 openai_status=0

@@ -144,17 +144,19 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let pools: Vec<(usize, rayon::ThreadPool)> = options
+    // No pool for one thread: wasm32-wasip1 (the simd128 kernels run under Node's WASI, see
+    // scripts/wasi-run.mjs) cannot start threads.
+    let pools: Vec<(usize, Option<rayon::ThreadPool>)> = options
         .threads
         .iter()
         .map(|&n| {
-            (
-                n,
+            let pool = (n > 1).then(|| {
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(n)
                     .build()
-                    .expect("thread pool"),
-            )
+                    .expect("thread pool")
+            });
+            (n, pool)
         })
         .collect();
     let n = options.tokens;
@@ -187,7 +189,7 @@ fn main() {
             let macs = (rows * cols) as f64;
             for &isa in &options.isas {
                 for (threads, pool) in &pools {
-                    pool.install(|| {
+                    in_pool(pool.as_ref(), || {
                         let mv = best_time(Duration::from_millis(300), || {
                             isa.matvec(ty, &w, rows, cols, &x[..cols], &mut y[..rows])
                         });
@@ -225,10 +227,18 @@ fn main() {
     attention_bench(&options, &pools);
 }
 
+/// Runs `f` in `pool`, or on this thread.
+fn in_pool(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() + Send) {
+    match pool {
+        Some(pool) => pool.install(f),
+        None => f(),
+    }
+}
+
 /// `vecmat` on one decode step's attention for one kv head of SmolLM2-135M at 544 positions:
 /// three query heads times the transposed keys (column-blocked, as the KV cache stores them),
 /// then their probabilities times the values (row-major).
-fn attention_bench(options: &Options, pools: &[(usize, rayon::ThreadPool)]) {
+fn attention_bench(options: &Options, pools: &[(usize, Option<rayon::ThreadPool>)]) {
     let (heads, head_dim, positions): (usize, usize, usize) = (3, 64, 544);
     let blocks = positions.div_ceil(COLUMN_BLOCK);
     let keys: Vec<f32> = (0..blocks * COLUMN_BLOCK * head_dim)
@@ -241,7 +251,7 @@ fn attention_bench(options: &Options, pools: &[(usize, rayon::ThreadPool)]) {
     println!("vecmat (decode attention, {heads} heads x {positions} positions x {head_dim})");
     for &isa in &options.isas {
         // vecmat runs on the calling thread: one pool is enough.
-        pools[0].1.install(|| {
+        in_pool(pools[0].1.as_ref(), || {
             let keys_t = F32Matrix::column_blocked(&keys, head_dim, positions, head_dim);
             let scores = best_time(Duration::from_millis(300), || {
                 isa.vecmat(&q, heads, keys_t, &mut y[..heads * positions])

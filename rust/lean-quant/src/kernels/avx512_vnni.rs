@@ -75,6 +75,12 @@ thread_local! {
     };
 }
 
+/// Drops this thread's cached split (tests: a call after this sees nothing cached).
+#[cfg(test)]
+pub(super) fn forget() {
+    PREPARED.with(|prepared| prepared.borrow_mut().ty = None);
+}
+
 /// Splits the 32-element block at `x` into limbs, writing its 8-element pieces to
 /// `out(piece, limb)`; returns the block's scale (times 2^-14). `None` when a value is not
 /// finite or the block is too small for an f32 scale (the caller then takes the f32 path).

@@ -22,6 +22,8 @@ mod fallback;
 mod neon;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod simd128;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod simd128_limbs;
 #[cfg(test)]
 mod tests;
 

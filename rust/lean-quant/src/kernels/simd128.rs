@@ -22,9 +22,30 @@ pub(super) static KERNELS: Kernels = Kernels {
     },
 };
 
-/// See `RowsFn`: one fused dot per row.
+/// See `RowsFn`: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K through integer dots over limb-split activations
+/// (see `simd128_limbs`), the rest one fused dot per row.
 unsafe fn rows(ty: TensorType, w: &[u8], row_bytes: usize, x: &[f32], y: &mut [f32]) {
+    if matches!(
+        ty,
+        TensorType::Q4_0
+            | TensorType::Q4_1
+            | TensorType::Q5_0
+            | TensorType::Q8_0
+            | TensorType::Q4_K
+            | TensorType::Q6_K
+    ) && limbs()
+        && super::simd128_limbs::rows(ty, w, row_bytes, x, y)
+    {
+        return;
+    }
     super::rows_by_dot(dot, ty, w, row_bytes, x, y)
+}
+
+/// Whether `rows` may take the limb kernels: `LEAN_LIMBS` is not "0" (read where the
+/// environment exists: Node's WASI, for comparing the two paths; browsers have none).
+fn limbs() -> bool {
+    static LIMBS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *LIMBS.get_or_init(|| std::env::var("LEAN_LIMBS").map_or(true, |v| v.trim() != "0"))
 }
 
 unsafe fn dot(ty: TensorType, row: &[u8], x: &[f32]) -> f32 {

@@ -156,8 +156,54 @@ fn matvec_rows_do_not_depend_on_the_row_range() {
     }
 }
 
-/// Q4_0/Q4_1/Q8_0 rows with random quants and f16 scales in [0.005, 0.015).
-#[cfg(target_arch = "x86_64")]
+/// The integer kernels over limb-split activations this target has: x86_64's AVX-512 VNNI and
+/// wasm's simd128 (`RowsFn`s that may decline), each with a way to forget the thread's cached
+/// split and the f32 path they stand beside.
+type LimbRowsFn = unsafe fn(crate::TensorType, &[u8], usize, &[f32], &mut [f32]) -> bool;
+
+struct LimbKernel {
+    name: &'static str,
+    types: &'static [crate::TensorType],
+    rows: LimbRowsFn,
+    forget: fn(),
+    isa: Isa,
+}
+
+#[allow(unused_mut, clippy::vec_init_then_push)] // which pushes exist depends on the target
+fn limb_kernels() -> Vec<LimbKernel> {
+    let mut kernels = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    if super::avx512_vnni::supported() {
+        kernels.push(LimbKernel {
+            name: "avx512_vnni",
+            types: &LIMB_TYPES[..4],
+            rows: super::avx512_vnni::rows,
+            forget: super::avx512_vnni::forget,
+            isa: Isa::Avx512,
+        });
+    }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    kernels.push(LimbKernel {
+        name: "simd128_limbs",
+        types: &LIMB_TYPES,
+        rows: super::simd128_limbs::rows,
+        forget: super::simd128_limbs::forget,
+        isa: Isa::Simd128,
+    });
+    kernels
+}
+
+const LIMB_TYPES: [crate::TensorType; 6] = [
+    crate::TensorType::Q4_0,
+    crate::TensorType::Q4_1,
+    crate::TensorType::Q5_0,
+    crate::TensorType::Q8_0,
+    crate::TensorType::Q4_K,
+    crate::TensorType::Q6_K,
+];
+
+/// Rows of `ty` (one of `LIMB_TYPES`) with random quants, scales and bits, and f16 scales in
+/// [0.005, 0.015) (Q4_1's minimum about -8 times that, Q4_K's dmin positive).
 fn quant_rows(state: &mut u64, ty: crate::TensorType, rows: usize, cols: usize) -> Vec<u8> {
     let row_bytes = ty.row_bytes(cols).unwrap();
     let mut w: Vec<u8> = floats(state, rows * row_bytes)
@@ -166,10 +212,22 @@ fn quant_rows(state: &mut u64, ty: crate::TensorType, rows: usize, cols: usize) 
         .collect();
     let scales = floats(state, w.len() / ty.block_bytes());
     for (block, s) in w.chunks_exact_mut(ty.block_bytes()).zip(scales) {
-        block[..2].copy_from_slice(&half::f16::from_f32(0.01 + 0.005 * s).to_le_bytes());
-        if ty == crate::TensorType::Q4_1 {
-            // The minimum, about -8 * d.
-            block[2..4].copy_from_slice(&half::f16::from_f32(-0.08 + 0.01 * s).to_le_bytes());
+        let d = half::f16::from_f32(0.01 + 0.005 * s).to_le_bytes();
+        let at = if ty == crate::TensorType::Q6_K {
+            208
+        } else {
+            0
+        };
+        block[at..at + 2].copy_from_slice(&d);
+        let second = match ty {
+            // Q4_1's minimum, about -8 * d.
+            crate::TensorType::Q4_1 => Some(-0.08 + 0.01 * s),
+            // Q4_K's dmin.
+            crate::TensorType::Q4_K => Some(0.01 - 0.005 * s),
+            _ => None,
+        };
+        if let Some(v) = second {
+            block[2..4].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
         }
     }
     w
@@ -177,7 +235,6 @@ fn quant_rows(state: &mut u64, ty: crate::TensorType, rows: usize, cols: usize) 
 
 /// Activations like a hidden state's: mostly small, some blocks with an outlier, some zero or
 /// tiny blocks.
-#[cfg(target_arch = "x86_64")]
 fn activations(state: &mut u64, cols: usize) -> Vec<f32> {
     let mut x = floats(state, cols);
     for (b, block) in x.chunks_exact_mut(32).enumerate() {
@@ -192,7 +249,6 @@ fn activations(state: &mut u64, cols: usize) -> Vec<f32> {
 }
 
 /// `(|got - exact| / sum |w x|)` of each row, with the f64 dot of the scalar weights as exact.
-#[cfg(target_arch = "x86_64")]
 fn relative_errors(ty: crate::TensorType, w: &[u8], cols: usize, x: &[f32], y: &[f32]) -> Vec<f64> {
     let row_bytes = ty.row_bytes(cols).unwrap();
     let mut weights = vec![0f32; cols];
@@ -213,144 +269,149 @@ fn relative_errors(ty: crate::TensorType, w: &[u8], cols: usize, x: &[f32], y: &
         .collect()
 }
 
-/// The VNNI kernels against an f64 dot on awkward shapes: one row, one block, a partial last
-/// group of blocks (Q4_0 groups 4 blocks, Q8_0 2), with zero, tiny and outlier blocks.
-#[cfg(target_arch = "x86_64")]
+/// The limb kernels against an f64 dot on awkward shapes: one row, one block, partial groups
+/// of blocks (VNNI's Q4_0 groups 4 blocks, Q8_0 2), with zero, tiny and outlier blocks.
 #[test]
-fn vnni_rows_match_an_exact_dot() {
-    if !super::avx512_vnni::supported() {
-        return;
-    }
+fn limb_rows_match_an_exact_dot() {
     let mut state = 11;
-    for ty in [
-        crate::TensorType::Q4_0,
-        crate::TensorType::Q4_1,
-        crate::TensorType::Q5_0,
-        crate::TensorType::Q8_0,
-    ] {
-        for rows in [1, 2, 3, 5] {
-            for cols in [32, 64, 96, 128, 160, 192, 224, 576, 4864] {
-                let w = quant_rows(&mut state, ty, rows, cols);
-                let x = activations(&mut state, cols);
-                let mut y = vec![f32::NAN; rows];
-                let row_bytes = ty.row_bytes(cols).unwrap();
-                // SAFETY: `supported()` checked the CPU; `w` holds `rows` rows of `cols`.
-                assert!(unsafe { super::avx512_vnni::rows(ty, &w, row_bytes, &x, &mut y) });
-                for (r, err) in relative_errors(ty, &w, cols, &x, &y)
+    for kernel in limb_kernels() {
+        for &ty in kernel.types {
+            for rows in [1, 2, 3, 5] {
+                for cols in [32, 64, 96, 128, 160, 192, 224, 256, 512, 576, 1536, 4864]
                     .into_iter()
-                    .enumerate()
+                    .filter(|c| c % ty.block_len() == 0)
                 {
-                    assert!(
-                        err <= 1e-5,
-                        "{ty} {rows}x{cols} row {r}: relative error {err:e}"
-                    );
+                    let w = quant_rows(&mut state, ty, rows, cols);
+                    let x = activations(&mut state, cols);
+                    let mut y = vec![f32::NAN; rows];
+                    let row_bytes = ty.row_bytes(cols).unwrap();
+                    // SAFETY: `limb_kernels` checked the CPU; `w` holds `rows` rows of `cols`.
+                    assert!(unsafe { (kernel.rows)(ty, &w, row_bytes, &x, &mut y) });
+                    for (r, err) in relative_errors(ty, &w, cols, &x, &y)
+                        .into_iter()
+                        .enumerate()
+                    {
+                        assert!(
+                            err <= 1e-5,
+                            "{} {ty} {rows}x{cols} row {r}: relative error {err:e}",
+                            kernel.name
+                        );
+                    }
                 }
             }
         }
     }
 }
 
-/// The VNNI kernels keep the last split activations per thread: a call with other activations
+/// The limb kernels keep the last split activations per thread: a call with other activations
 /// (one element changed), or the same activations for another type, must give what a thread
-/// that never saw the earlier calls gives, bit for bit.
-#[cfg(target_arch = "x86_64")]
+/// with nothing cached gives, bit for bit.
 #[test]
-fn vnni_rows_never_reuse_a_stale_split() {
-    if !super::avx512_vnni::supported() {
-        return;
-    }
-    use crate::TensorType::{Q4_0, Q4_1, Q5_0, Q8_0};
+fn limb_rows_never_reuse_a_stale_split() {
     let mut state = 13;
-    let (rows, cols) = (6, 576);
-    let weights: Vec<_> = [Q4_0, Q4_1, Q8_0, Q5_0]
+    let (rows, cols) = (6, 1536);
+    let weights: Vec<_> = LIMB_TYPES
         .into_iter()
         .map(|ty| (ty, quant_rows(&mut state, ty, rows, cols)))
         .collect();
     let x = activations(&mut state, cols);
     let mut nudged = x.clone();
     nudged[300] = 1.0 - 3.0 * nudged[300];
-    let run = |ty: crate::TensorType, w: &[u8], x: &[f32]| {
-        let mut y = vec![f32::NAN; rows];
-        // SAFETY: `supported()` checked the CPU; `w` holds `rows` rows of `cols`.
-        assert!(unsafe { super::avx512_vnni::rows(ty, w, ty.row_bytes(cols).unwrap(), x, &mut y) });
-        y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-    };
-    // Each call on a fresh thread: nothing cached.
-    let fresh =
-        |ty, w: &[u8], x: &[f32]| std::thread::scope(|s| s.spawn(|| run(ty, w, x)).join().unwrap());
-    let calls = [
-        (0, &x),
-        (0, &x),
-        (0, &nudged),
-        (1, &nudged),
-        (2, &nudged),
-        (0, &x),
-        (1, &x),
-    ];
-    for (i, x) in calls {
-        let (ty, w) = &weights[i];
-        assert_eq!(
-            run(*ty, w, x),
-            fresh(*ty, w, x),
-            "{ty} after the earlier calls"
-        );
+    for kernel in limb_kernels() {
+        let run = |ty: crate::TensorType, w: &[u8], x: &[f32]| {
+            let mut y = vec![f32::NAN; rows];
+            // SAFETY: `limb_kernels` checked the CPU; `w` holds `rows` rows of `cols`.
+            assert!(unsafe { (kernel.rows)(ty, w, ty.row_bytes(cols).unwrap(), x, &mut y) });
+            y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let fresh = |ty, w: &[u8], x: &[f32]| {
+            (kernel.forget)();
+            run(ty, w, x)
+        };
+        let calls = [
+            (0, &x),
+            (0, &x),
+            (0, &nudged),
+            (1, &nudged),
+            (3, &nudged),
+            (5, &nudged),
+            (2, &nudged),
+            (4, &x),
+            (0, &x),
+            (1, &x),
+        ];
+        let calls: Vec<_> = calls
+            .into_iter()
+            .filter(|(i, _)| kernel.types.contains(&weights[*i].0))
+            .collect();
+        let history: Vec<_> = calls
+            .iter()
+            .map(|&(i, x)| run(weights[i].0, &weights[i].1, x))
+            .collect();
+        for ((i, x), got) in calls.into_iter().zip(history) {
+            let (ty, w) = &weights[i];
+            assert_eq!(
+                got,
+                fresh(*ty, w, x),
+                "{} {ty} after the earlier calls",
+                kernel.name
+            );
+        }
     }
 }
 
-/// Non-finite activations make the VNNI kernels decline (the f32 path propagates them).
-#[cfg(target_arch = "x86_64")]
+/// Non-finite activations make the limb kernels decline (the f32 path propagates them).
 #[test]
-fn vnni_rows_decline_non_finite_activations() {
-    if !super::avx512_vnni::supported() {
-        return;
-    }
+fn limb_rows_decline_non_finite_activations() {
     let mut state = 12;
-    let ty = crate::TensorType::Q4_0;
-    let w = quant_rows(&mut state, ty, 2, 64);
-    for bad in [f32::NAN, f32::INFINITY] {
-        let mut x = activations(&mut state, 64);
-        x[40] = bad;
-        let mut y = [0f32; 2];
-        // SAFETY: as above.
-        assert!(!unsafe {
-            super::avx512_vnni::rows(ty, &w, ty.row_bytes(64).unwrap(), &x, &mut y)
-        });
-        Isa::Avx512.matvec_serial(ty, &w, 2, 64, &x, &mut y);
-        assert!(y.iter().all(|v| !v.is_finite()));
+    for kernel in limb_kernels() {
+        for &ty in kernel.types {
+            let cols = 256;
+            let w = quant_rows(&mut state, ty, 2, cols);
+            for bad in [f32::NAN, f32::INFINITY] {
+                let mut x = activations(&mut state, cols);
+                x[40] = bad;
+                let mut y = [0f32; 2];
+                // SAFETY: as above.
+                assert!(!unsafe { (kernel.rows)(ty, &w, ty.row_bytes(cols).unwrap(), &x, &mut y) });
+                kernel.isa.matvec_serial(ty, &w, 2, cols, &x, &mut y);
+                assert!(y.iter().all(|v| !v.is_finite()), "{} {ty}", kernel.name);
+            }
+        }
     }
 }
 
-/// Error study (run with --nocapture): the VNNI limb kernels' and the f32 kernels' errors
-/// against an f64 dot, relative to sum |w x|, on SmolLM2-like shapes.
-#[cfg(target_arch = "x86_64")]
+/// Error study (run with --nocapture): the limb kernels' and the f32 kernels' errors against
+/// an f64 dot, relative to sum |w x|, on SmolLM2-like shapes.
 #[test]
-fn vnni_error_study() {
-    if !super::avx512_vnni::supported() {
-        return;
-    }
+fn limb_error_study() {
     let mut state = 13;
-    for ty in [
-        crate::TensorType::Q4_0,
-        crate::TensorType::Q4_1,
-        crate::TensorType::Q8_0,
-    ] {
-        for (rows, cols) in [(256, 576), (64, 1536), (64, 4864)] {
-            let w = quant_rows(&mut state, ty, rows, cols);
-            let x = activations(&mut state, cols);
-            let row_bytes = ty.row_bytes(cols).unwrap();
-            let mut vnni = vec![0f32; rows];
-            // SAFETY: as above.
-            assert!(unsafe { super::avx512_vnni::rows(ty, &w, row_bytes, &x, &mut vnni) });
-            let f32_path: Vec<f32> = w
-                .chunks_exact(row_bytes)
-                .map(|row| Isa::Avx512.dot(ty, row, &x))
-                .collect();
-            for (what, y) in [("vnni", &vnni), ("f32 ", &f32_path)] {
-                let errs = relative_errors(ty, &w, cols, &x, y);
-                let max = errs.iter().cloned().fold(0f64, f64::max);
-                let mean = errs.iter().sum::<f64>() / errs.len() as f64;
-                println!("{ty} {rows}x{cols} {what}: max {max:.2e} mean {mean:.2e}");
-                assert!(max <= 1e-5);
+    for kernel in limb_kernels() {
+        for &ty in kernel.types {
+            for (rows, cols) in [(256, 576), (64, 1536), (64, 4864)]
+                .into_iter()
+                .filter(|(_, c)| c % ty.block_len() == 0)
+            {
+                let w = quant_rows(&mut state, ty, rows, cols);
+                let x = activations(&mut state, cols);
+                let row_bytes = ty.row_bytes(cols).unwrap();
+                let mut limbs = vec![0f32; rows];
+                // SAFETY: as above.
+                assert!(unsafe { (kernel.rows)(ty, &w, row_bytes, &x, &mut limbs) });
+                let f32_path: Vec<f32> = w
+                    .chunks_exact(row_bytes)
+                    .map(|row| kernel.isa.dot(ty, row, &x))
+                    .collect();
+                for (what, y) in [("limbs", &limbs), ("f32  ", &f32_path)] {
+                    let errs = relative_errors(ty, &w, cols, &x, y);
+                    let max = errs.iter().cloned().fold(0f64, f64::max);
+                    let mean = errs.iter().sum::<f64>() / errs.len() as f64;
+                    println!(
+                        "{} {ty} {rows}x{cols} {what}: max {max:.2e} mean {mean:.2e}",
+                        kernel.name
+                    );
+                    assert!(max <= 1e-5);
+                }
             }
         }
     }
