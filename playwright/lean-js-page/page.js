@@ -120,6 +120,53 @@ window.leanJs = {
   },
 
   /**
+   * Structured output (tests/lean-js.spec.js): `messages` under the JSON `schema` (greedy, at most
+   * `maxTokens`) through engine.chat; then `badSchema` through chat.completions (its error); then
+   * the schema again through chat.completions, streamed and cut at `cutTokens` (finish_reason
+   * "length"); `fast` (slow backends) skips these two for one free-text token.
+   */
+  async constrained({ messages, schema, maxTokens, badSchema, cutTokens, fast = false }) {
+    const json_schema = { name: "answer", schema, strict: true };
+    const ms = {};
+    let t = performance.now();
+    const lap = (name) => {
+      ms[name] = Math.round(performance.now() - t);
+      t = performance.now();
+    };
+    const stream = engine.chat(messages, { maxTokens, temperature: 0, responseFormat: { type: "json_schema", json_schema } });
+    const chat = await read(stream);
+    chat.text = (await stream.result).text;
+    lap("chat");
+    const create = (extra) =>
+      engine.chat.completions.create({ messages, temperature: 0, max_tokens: maxTokens, response_format: { type: "json_schema", json_schema }, ...extra });
+    let badError = null;
+    try {
+      await create({ response_format: { type: "json_schema", json_schema: { name: "bad", schema: badSchema } } });
+    } catch (e) {
+      badError = { name: e.name, message: e.message };
+    }
+    lap("bad");
+    let streamed = null;
+    if (!fast) {
+      streamed = { content: "", finishReason: null };
+      for await (const chunk of await create({ stream: true })) {
+        streamed.content += chunk.choices[0]?.delta?.content ?? "";
+        streamed.finishReason = chunk.choices[0]?.finish_reason ?? streamed.finishReason;
+      }
+    }
+    lap("streamed");
+    let cut = null;
+    if (!fast) {
+      const { choices: [choice] } = await create({ max_tokens: cutTokens });
+      cut = { content: choice.message.content, finishReason: choice.finish_reason };
+    }
+    // The engine goes on after the rejected schema (fast: a free-text token).
+    const after = fast ? await read(engine.chat(messages, { maxTokens: 1, temperature: 0 })) : null;
+    lap("rest");
+    return { chat, badError, streamed, cut, after, usable: engine.usable, ms };
+  },
+
+  /**
    * scripts/bench-chat.sh's browser run: a conversation of `questions`, `genTokens` greedy tokens
    * a turn (end of turn ignored); with `reuse` false the cache is reset before each turn. Per
    * turn: prompt and cached tokens, time to first token, decode tok/s.

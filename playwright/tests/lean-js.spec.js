@@ -10,6 +10,11 @@
 //   and streamed, on simd and threads;
 // - a thread pool that never starts (the worker blocks, as Firefox under automation has made it
 //   do) is bounded: backend "auto" falls back to simd and is exact, "threads" fails clearly;
+// - structured output: a chat under a JSON schema (responseFormat, and chat.completions'
+//   response_format, whole and streamed) gives exactly lean-cli's native output
+//   (fixtures/constraint, scripts/gen_constraint_fixtures.py), which parses and validates; a
+//   schema the constraint library rejects is a ConstraintError and the engine goes on; max_tokens
+//   reached first is finish_reason "length"; on simd, threads and (Firefox) webgpu;
 // Model: smollm2-135m-instruct-q4_0, case chat_short of its fixture (fixtures/hf). Needs
 // `npm run build -w lean-js` (scripts/test-browser.sh does it) and $LEAN_MODELS (default
 // models/); a missing model skips, or fails when $CI is set.
@@ -24,6 +29,7 @@ const modelName = "smollm2-135m-instruct-q4_0";
 const fixture = JSON.parse(readFileSync(join(repo, "fixtures", "hf", `${modelName}.json`), "utf8"));
 const chatShort = fixture.cases.find((c) => c.name === "chat_short");
 const greedy = chatShort.greedy_ids;
+const constraintFixture = JSON.parse(readFileSync(join(repo, "fixtures", "constraint", `${modelName}.json`), "utf8"));
 const threads = 2;
 /** Tokens a stopped generation may make after the stop (each is one wasm call in the worker). */
 const slack = 3;
@@ -226,3 +232,92 @@ for (const backend of ["simd", "threads"]) {
     await call(page, "dispose");
   });
 }
+
+/**
+ * The errors of `value` under `schema`, for the keywords fixtures/constraint uses (type, enum,
+ * properties, required, additionalProperties, maxLength, minimum, maximum): [] when valid.
+ */
+function schemaErrors(schema, value, path = "$") {
+  const errors = [];
+  const types = { object: (v) => v !== null && typeof v === "object" && !Array.isArray(v), string: (v) => typeof v === "string",
+    boolean: (v) => typeof v === "boolean", integer: Number.isInteger, number: (v) => typeof v === "number" };
+  const known = ["type", "enum", "properties", "required", "additionalProperties", "maxLength", "minimum", "maximum"];
+  for (const key of Object.keys(schema)) if (!known.includes(key)) errors.push(`${path}: the test's validator lacks '${key}'`);
+  if (schema.type && !types[schema.type](value)) return [...errors, `${path}: not a ${schema.type}: ${JSON.stringify(value)}`];
+  if (schema.enum && !schema.enum.includes(value)) errors.push(`${path}: ${JSON.stringify(value)} not in the enum`);
+  if (schema.maxLength !== undefined && [...value].length > schema.maxLength) errors.push(`${path}: longer than ${schema.maxLength}`);
+  if (schema.minimum !== undefined && value < schema.minimum) errors.push(`${path}: below ${schema.minimum}`);
+  if (schema.maximum !== undefined && value > schema.maximum) errors.push(`${path}: above ${schema.maximum}`);
+  if (schema.type === "object") {
+    for (const key of schema.required ?? []) if (!(key in value)) errors.push(`${path}: '${key}' missing`);
+    for (const [key, item] of Object.entries(value)) {
+      const sub = schema.properties?.[key];
+      if (sub) errors.push(...schemaErrors(sub, item, `${path}.${key}`));
+      else if (schema.additionalProperties === false) errors.push(`${path}: '${key}' not allowed`);
+    }
+  }
+  return errors;
+}
+
+/** A schema llguidance rejects ("strng" is no JSON type): the error must name it. */
+const badSchema = { type: "object", properties: { answer: { type: "strng" } } };
+
+/** Loads `backend` and checks structured output on fixture case `caseName` (see `constrained` in page.js). */
+async function checkConstrained(page, backend, caseName, { fast = false } = {}) {
+  const c = constraintFixture.cases.find((k) => k.name === caseName);
+  await openPage(page);
+  const loaded = await call(page, "load", { model: modelUrls, backend, threads, cache: false });
+  expect(loaded).toMatchObject({ backend, warnings: [] });
+  const cutTokens = 3;
+  const started = Date.now();
+  const r = await call(page, "constrained", { messages: c.messages, schema: c.schema, maxTokens: c.max_tokens, badSchema, cutTokens, fast });
+  const ms = Date.now() - started;
+  // lean-cli's native output, token for token; it parses and follows the schema.
+  expect(r.chat).toMatchObject({ error: null, tokenIds: c.token_ids, streamedIds: c.token_ids, finishReason: c.finish_reason, text: c.text });
+  expect(schemaErrors(c.schema, JSON.parse(r.chat.text))).toEqual([]);
+  expect(r.badError?.name).toBe("ConstraintError");
+  expect(r.badError?.message).toMatch(/^invalid json_schema: .*strng/);
+  expect(r.usable).toBe(true);
+  if (fast) {
+    // After the rejected schema the engine goes on.
+    expect(r.after).toMatchObject({ error: null, finishReason: "length", tokenIds: [expect.any(Number)] });
+  } else {
+    // After the rejected schema the engine goes on; max_tokens first: "length", the same start.
+    expect(r.streamed).toEqual({ content: c.text, finishReason: "stop" });
+    expect(r.cut.finishReason).toBe("length");
+    expect(c.text.startsWith(r.cut.content)).toBe(true);
+  }
+  console.log(
+    `${test.info().project.name} ${backend}: constrained chat of ${c.token_ids.length} tokens and the checks around it ` +
+      `in ${ms} ms (${Object.entries(r.ms).map(([k, v]) => `${k} ${v}`).join(", ")})`,
+  );
+  await call(page, "dispose");
+}
+
+for (const backend of ["simd", "threads"]) {
+  test(`${backend}: a JSON-schema-constrained chat gives lean-cli's output; a rejected schema is a ConstraintError`, async ({ page }) => {
+    requireFiles();
+    await checkConstrained(page, backend, "city");
+  });
+}
+
+// WebGPU reads the logits back for each constrained token (the mask is applied on the CPU). As
+// above, Firefox's lavapipe only, and the shortest case.
+test("webgpu: a JSON-schema-constrained chat gives lean-cli's output; a rejected schema is a ConstraintError", async ({ page }, testInfo) => {
+  test.skip(testInfo.project.name === "chromium", "SwiftShader: too slow for CI; runs in Firefox");
+  test.setTimeout(15 * 60_000);
+  requireFiles();
+  await openPage(page);
+  const missing = await page.evaluate(async () => {
+    try {
+      return (await navigator.gpu?.requestAdapter()) ? null : "no WebGPU adapter";
+    } catch (e) {
+      return `requestAdapter failed: ${e.message}`;
+    }
+  });
+  if (missing !== null) {
+    if (process.env.CI) throw new Error(`WebGPU unavailable: ${missing}`);
+    test.skip(true, `WebGPU unavailable in this browser: ${missing}`);
+  }
+  await checkConstrained(page, "webgpu", "country", { fast: true });
+});

@@ -14,6 +14,12 @@ export const ErrorName = {
   ModelFile: "ModelFileError",
   /** The operation was aborted through its AbortSignal (the signal's reason, when it is one). */
   Abort: "AbortError",
+  /**
+   * The constraint library rejected a `responseFormat` (a JSON schema feature it does not
+   * support, a regex or grammar syntax error): the message names the problem. Nothing was
+   * generated and the engine stays usable.
+   */
+  Constraint: "ConstraintError",
 } as const;
 
 /** How an error crosses the worker boundary. */

@@ -46,6 +46,8 @@ export type {
   GenerateParams,
   GenerationResult,
   GpuNeeds,
+  JsonSchema,
+  ResponseFormat,
   TestHooks,
   LoadProgress,
   ModelInfo,

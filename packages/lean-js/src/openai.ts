@@ -7,7 +7,8 @@
  * `usage.prompt_tokens_details.cached_tokens` says how much of the prompt came from it.
  */
 import type { Engine, GenerateOptions } from "./engine.js";
-import type { ChatMessage, FinishReason, GenerationResult } from "./protocol.js";
+import type { ChatMessage, FinishReason, GenerationResult, ResponseFormat } from "./protocol.js";
+import { toEngineConstraint } from "./protocol.js";
 
 /** A text part of a message's content (images and audio are not supported). */
 export interface ChatCompletionContentPartText {
@@ -42,6 +43,14 @@ export interface ChatCompletionCreateParamsBase {
    * edited). lean guesses from it with speculative decoding: the same reply, sooner.
    */
   prediction?: { type: "content"; content: string | ChatCompletionContentPartText[] } | null;
+  /**
+   * Structured output, OpenAI's shape: `{ type: "json_schema", json_schema: { name, schema,
+   * strict } }`, `{ type: "json_object" }` or `{ type: "text" }`; lean adds `{ type: "regex",
+   * pattern }` and `{ type: "grammar", lark }`. The reply always follows it (constrained
+   * decoding); `finish_reason` is "length" when max_tokens ran out before it was complete. A
+   * schema the constraint library rejects throws a `ConstraintError` naming the problem.
+   */
+  response_format?: ResponseFormat | null;
   /** Aborting stops the generation within one token; the call (or the iterator) throws the reason. */
   signal?: AbortSignal;
 }
@@ -115,7 +124,6 @@ const UNSUPPORTED: Record<string, (value: unknown) => boolean> = {
   tool_choice: (v) => v !== "none",
   functions: () => true,
   function_call: (v) => v !== "none",
-  response_format: (v) => (v as { type?: string })?.type !== "text",
   logit_bias: (v) => typeof v === "object" && Object.keys(v as object).length > 0,
   presence_penalty: (v) => v !== 0,
   frequency_penalty: (v) => v !== 0,
@@ -199,6 +207,8 @@ export class ChatCompletions {
         prediction = content.map((p) => p.text).join("");
       } else throw new TypeError("prediction.content must be a string or an array of text parts");
     }
+    const format = params.response_format ?? undefined;
+    const constrained = toEngineConstraint(format, "response_format") !== null;
     const options: GenerateOptions = {
       // Without max_tokens, as OpenAI: until the end of turn or of the context.
       maxTokens: maxTokens ?? this.#engine.info.contextLength,
@@ -208,6 +218,7 @@ export class ChatCompletions {
       ...(stop ? { stop } : {}),
       ...(params.signal ? { signal: params.signal } : {}),
       ...(prediction !== undefined ? { speculative: { prediction } } : {}),
+      ...(constrained ? { responseFormat: format } : {}),
     };
     const stream = this.#engine.chat(messages, options);
     const head = {

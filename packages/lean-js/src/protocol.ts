@@ -51,7 +51,41 @@ export interface GenerateParams {
    * up to `lookup` tokens, default 8).
    */
   speculative?: { lookup?: number; prediction?: string };
+  /**
+   * Structured output (constrained decoding): every token is chosen among those that keep the
+   * output inside the format, so it always parses. `{ type: "json_object" }`: any JSON object;
+   * `{ type: "json_schema", json_schema: { name, schema, strict? } }` (OpenAI's shape): JSON valid
+   * under the schema; `{ type: "regex", pattern }`: text matching the regex in full;
+   * `{ type: "grammar", lark }`: text of a Lark grammar (llguidance's dialect, `start` the top
+   * rule). `{ type: "text" }` (or none): free text. The generation ends "stop" when the output is
+   * complete, "length" when `maxTokens` ran out first (the output is then cut off). A format the
+   * constraint library rejects fails the generation with a `ConstraintError` naming the
+   * problem; the engine stays usable. Not with `speculative`.
+   */
+  responseFormat?: ResponseFormat;
 }
+
+/** A JSON schema, as a plain object (or `true`/`false`). */
+export type JsonSchema = { [key: string]: unknown } | boolean;
+
+/** The output's format: see {@link GenerateParams.responseFormat}. */
+export type ResponseFormat =
+  | { type: "text" }
+  | { type: "json_object" }
+  | {
+      type: "json_schema";
+      json_schema: {
+        /** A name for the schema (OpenAI requires one; lean does not use it). */
+        name?: string;
+        description?: string;
+        /** Default `{ type: "object" }` (any object), as `json_object`. */
+        schema?: JsonSchema;
+        /** Accepted for OpenAI compatibility: lean's output always follows the schema. */
+        strict?: boolean | null;
+      };
+    }
+  | { type: "regex"; pattern: string }
+  | { type: "grammar"; lark: string };
 
 export type FinishReason = "stop" | "length" | "context_full" | "cancelled";
 
@@ -213,7 +247,86 @@ const PARAM_NAMES: ReadonlySet<string> = new Set<keyof GenerateParams>([
   "stop",
   "stopTokenIds",
   "speculative",
+  "responseFormat",
 ]);
+
+const RESPONSE_FORMAT_KEYS: Record<string, readonly string[]> = {
+  text: [],
+  json_object: [],
+  json_schema: ["json_schema"],
+  regex: ["pattern"],
+  grammar: ["lark"],
+};
+
+const isPlainObject = (v: unknown): v is Record<string, unknown> =>
+  typeof v === "object" && v !== null && !Array.isArray(v);
+
+/**
+ * The wasm engine's `constraint` option from a {@link ResponseFormat} (null: free text). Its shape
+ * is checked here (a TypeError naming the field); the schema, regex or grammar itself is checked
+ * by the constraint library in the worker (a `ConstraintError`).
+ */
+export function toEngineConstraint(format: ResponseFormat | undefined | null, name = "responseFormat"): Record<string, unknown> | null {
+  if (format === undefined || format === null) return null;
+  const types = Object.keys(RESPONSE_FORMAT_KEYS).map((t) => `"${t}"`).join(", ");
+  if (!isPlainObject(format) || typeof format.type !== "string") {
+    throw new TypeError(`${name} must be an object with a string 'type' (${types})`);
+  }
+  const allowed = RESPONSE_FORMAT_KEYS[format.type];
+  if (allowed === undefined) throw new TypeError(`${name}.type must be one of ${types}, got "${format.type}"`);
+  for (const key of Object.keys(format)) {
+    if (key !== "type" && !allowed.includes(key)) {
+      throw new TypeError(`unknown field '${key}' in ${name} of type "${format.type}" (known: ${["type", ...allowed].join(", ")})`);
+    }
+  }
+  switch (format.type) {
+    case "text":
+      return null;
+    case "json_object":
+      return { type: "json_object" };
+    case "json_schema": {
+      const spec = (format as { json_schema?: unknown }).json_schema;
+      if (!isPlainObject(spec)) {
+        throw new TypeError(`${name}.json_schema must be an object { name, schema, strict? }`);
+      }
+      if (spec.name !== undefined && typeof spec.name !== "string") throw new TypeError(`${name}.json_schema.name must be a string`);
+      if (spec.description !== undefined && typeof spec.description !== "string") {
+        throw new TypeError(`${name}.json_schema.description must be a string`);
+      }
+      if (spec.strict !== undefined && spec.strict !== null && typeof spec.strict !== "boolean") {
+        throw new TypeError(`${name}.json_schema.strict must be a boolean`);
+      }
+      for (const key of Object.keys(spec)) {
+        if (!["name", "description", "schema", "strict"].includes(key)) {
+          throw new TypeError(`unknown field '${key}' in ${name}.json_schema (known: name, description, schema, strict)`);
+        }
+      }
+      const schema = spec.schema;
+      if (schema === undefined || schema === null) return { type: "json_object" };
+      if (!isPlainObject(schema) && typeof schema !== "boolean") {
+        throw new TypeError(`${name}.json_schema.schema must be a JSON schema object, got ${JSON.stringify(schema)}`);
+      }
+      let json: string | undefined;
+      try {
+        json = JSON.stringify(schema);
+      } catch (e) {
+        throw new TypeError(`${name}.json_schema.schema is not JSON: ${(e as Error).message}`);
+      }
+      return { type: "json_schema", schema: JSON.parse(json) as unknown };
+    }
+    case "regex": {
+      const pattern = (format as { pattern?: unknown }).pattern;
+      if (typeof pattern !== "string" || !pattern) throw new TypeError(`${name}.pattern must be a non-empty string`);
+      return { type: "regex", pattern };
+    }
+    case "grammar": {
+      const lark = (format as { lark?: unknown }).lark;
+      if (typeof lark !== "string" || !lark) throw new TypeError(`${name}.lark must be a non-empty string (a Lark grammar)`);
+      return { type: "grammar", lark };
+    }
+  }
+  throw new TypeError(`${name}.type must be one of ${types}`);
+}
 
 /**
  * The options JSON of the wasm engine (snake_case), from lean-js's parameters. Unknown names
@@ -268,6 +381,10 @@ export function toEngineOptions(params: GenerateParams): Record<string, unknown>
     }
     if (lookup === undefined && prediction === undefined) throw new TypeError("speculative needs lookup or prediction");
   }
+  const constraint = toEngineConstraint(params.responseFormat);
+  if (constraint !== null && params.speculative !== undefined) {
+    throw new TypeError("responseFormat does not combine with speculative decoding (yet): drop one of the two");
+  }
   const options: Record<string, unknown> = {
     max_tokens: params.maxTokens,
     temperature: params.temperature,
@@ -279,6 +396,7 @@ export function toEngineOptions(params: GenerateParams): Record<string, unknown>
     stop_token_ids: params.stopTokenIds,
     lookup,
     prediction,
+    constraint: constraint ?? undefined,
   };
   for (const key of Object.keys(options)) if (options[key] === undefined) delete options[key];
   return options;

@@ -1,8 +1,8 @@
 import { describe, expect, it } from "vitest";
 import { Engine, type WorkerLike } from "../src/engine.js";
-import { fromWireError, toWireError } from "../src/errors.js";
+import { ErrorName, fromWireError, toWireError } from "../src/errors.js";
 import type { LoadRequest, ModelInfo, Reply, Request } from "../src/protocol.js";
-import { toEngineOptions } from "../src/protocol.js";
+import { toEngineConstraint, toEngineOptions } from "../src/protocol.js";
 
 const info: ModelInfo = {
   architecture: "llama",
@@ -462,6 +462,74 @@ describe("protocol helpers", () => {
   });
 });
 
+describe("responseFormat (constrained decoding)", () => {
+  const schema = { type: "object", properties: { a: { type: "integer" } }, required: ["a"] };
+
+  it("maps each format to the engine's constraint JSON", () => {
+    expect(toEngineOptions({ responseFormat: { type: "json_object" } })).toEqual({ constraint: { type: "json_object" } });
+    expect(
+      toEngineOptions({ maxTokens: 9, responseFormat: { type: "json_schema", json_schema: { name: "a", schema, strict: true } } }),
+    ).toEqual({ max_tokens: 9, constraint: { type: "json_schema", schema } });
+    expect(toEngineOptions({ responseFormat: { type: "json_schema", json_schema: { name: "any", schema: true } } })).toEqual({
+      constraint: { type: "json_schema", schema: true },
+    });
+    // OpenAI's default schema: any object.
+    expect(toEngineOptions({ responseFormat: { type: "json_schema", json_schema: { name: "x" } } })).toEqual({
+      constraint: { type: "json_object" },
+    });
+    expect(toEngineOptions({ responseFormat: { type: "regex", pattern: "[0-9]+" } })).toEqual({
+      constraint: { type: "regex", pattern: "[0-9]+" },
+    });
+    expect(toEngineOptions({ responseFormat: { type: "grammar", lark: 'start: "yes" | "no"' } })).toEqual({
+      constraint: { type: "grammar", lark: 'start: "yes" | "no"' },
+    });
+    expect(toEngineOptions({ responseFormat: { type: "text" } })).toEqual({});
+    expect(toEngineConstraint(undefined)).toBeNull();
+    expect(toEngineConstraint(null)).toBeNull();
+  });
+
+  it("refuses a malformed format, naming the field", () => {
+    const bad = (format: unknown) => () => toEngineOptions({ responseFormat: format as never });
+    expect(bad("json")).toThrow(/responseFormat must be an object with a string 'type' \("text", "json_object", "json_schema", "regex", "grammar"\)/);
+    expect(bad({ type: "json" })).toThrow('responseFormat.type must be one of "text", "json_object", "json_schema", "regex", "grammar", got "json"');
+    expect(bad({ type: "json_schema" })).toThrow("responseFormat.json_schema must be an object { name, schema, strict? }");
+    expect(bad({ type: "json_schema", schema })).toThrow("unknown field 'schema' in responseFormat of type \"json_schema\" (known: type, json_schema)");
+    expect(bad({ type: "json_schema", json_schema: { name: 3, schema } })).toThrow("responseFormat.json_schema.name must be a string");
+    expect(bad({ type: "json_schema", json_schema: { schema, strict: "yes" } })).toThrow("json_schema.strict must be a boolean");
+    expect(bad({ type: "json_schema", json_schema: { schema: "{}" } })).toThrow(/json_schema.schema must be a JSON schema object, got "\{\}"/);
+    expect(bad({ type: "json_schema", json_schema: { schema, schemas: 1 } })).toThrow("unknown field 'schemas' in responseFormat.json_schema");
+    expect(bad({ type: "regex" })).toThrow("responseFormat.pattern must be a non-empty string");
+    expect(bad({ type: "regex", regex: "a" })).toThrow("unknown field 'regex' in responseFormat of type \"regex\" (known: type, pattern)");
+    expect(bad({ type: "grammar", lark: "" })).toThrow("responseFormat.lark must be a non-empty string (a Lark grammar)");
+    expect(() => toEngineOptions({ responseFormat: { type: "json_object" }, speculative: { lookup: 4 } })).toThrow(
+      /responseFormat does not combine with speculative decoding/,
+    );
+  });
+
+  it("generate and chat send it to the worker; a bad one throws before queueing", async () => {
+    const { engine, worker } = await started();
+    const responseFormat = { type: "json_schema", json_schema: { name: "a", schema } } as const;
+    const stream = engine.chat([{ role: "user", content: "Hi" }], { maxTokens: 8, responseFormat });
+    await flush();
+    expect(worker.last("generate").params).toEqual({ maxTokens: 8, responseFormat });
+    worker.reply({ type: "done", id: worker.last("generate").id, result: result("stop", [5]), cachedTokens: 4 });
+    await stream.result;
+    expect(() => engine.generate("Hi", { responseFormat: { type: "regex" } as never })).toThrow("responseFormat.pattern");
+    expect(worker.of("generate")).toHaveLength(1);
+  });
+
+  it("a format the library rejects ends the generation with a ConstraintError; the engine stays usable", async () => {
+    const { engine, worker } = await started();
+    const stream = engine.generate("Hi", { responseFormat: { type: "json_schema", json_schema: { name: "x", schema: { type: "strng" } } } });
+    await flush();
+    const { id } = worker.last("generate");
+    const message = 'invalid json_schema: unknown type: "strng"';
+    worker.reply({ type: "error", id, error: { name: ErrorName.Constraint, message }, fatal: false });
+    await expect(stream.result).rejects.toMatchObject({ name: "ConstraintError", message });
+    expect(engine.usable).toBe(true);
+  });
+});
+
 describe("engine.chat.completions (OpenAI's shape)", () => {
   const messages = [{ role: "user", content: "Hi" }];
   /** Replies to the engine's next generate with `texts` as tokens, then done. */
@@ -530,6 +598,36 @@ describe("engine.chat.completions (OpenAI's shape)", () => {
     ]);
     expect(new Set(chunks.map((c) => c.id)).size).toBe(1);
     expect(chunks.every((c) => c.object === "chat.completion.chunk")).toBe(true);
+  });
+
+  it("passes response_format on as responseFormat and maps an unfinished constraint to finish_reason length", async () => {
+    const { engine, worker } = await started();
+    const response_format = {
+      type: "json_schema",
+      json_schema: { name: "answer", schema: { type: "object", properties: { a: { type: "integer" } } }, strict: true },
+    } as const;
+    const pending = engine.chat.completions.create({ messages, temperature: 0, max_tokens: 2, response_format });
+    const request = await answer(worker, ['{"', "a"], "length", 0);
+    expect(request.params).toEqual({ maxTokens: 2, temperature: 0, responseFormat: response_format });
+    expect((await pending).choices[0]).toMatchObject({ message: { content: '{"a' }, finish_reason: "length" });
+
+    const streamed = engine.chat.completions.create({ messages, stream: true, response_format: { type: "regex", pattern: "ab?" } });
+    const streamedRequest = await answer(worker, ["a", "b"], "stop", 0);
+    expect(streamedRequest.params).toMatchObject({ responseFormat: { type: "regex", pattern: "ab?" } });
+    const chunks = [];
+    for await (const chunk of await streamed) chunks.push(chunk);
+    expect(chunks.at(-1)?.choices[0]?.finish_reason).toBe("stop");
+
+    // { type: "text" } is free text: no constraint sent.
+    const text = engine.chat.completions.create({ messages, response_format: { type: "text" } });
+    expect((await answer(worker, ["x"], "stop", 0)).params).not.toHaveProperty("responseFormat");
+    await text;
+    await expect(
+      engine.chat.completions.create({ messages, response_format: { type: "json_schema", json_schema: { name: "x", schema: [] } } as never }),
+    ).rejects.toThrow("response_format.json_schema.schema must be a JSON schema object, got []");
+    await expect(engine.chat.completions.create({ messages, response_format: { type: "xml" } as never })).rejects.toThrow(
+      'response_format.type must be one of "text", "json_object", "json_schema", "regex", "grammar", got "xml"',
+    );
   });
 
   it("refuses what it would not honour, naming it", async () => {

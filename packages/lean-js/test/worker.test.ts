@@ -16,6 +16,9 @@ const wasmFile = join(import.meta.dirname, "../src/wasm/simd/lean_wasm_bg.wasm")
 const modelId = "smollm2-135m-instruct-q4_0";
 const fixture = JSON.parse(readFileSync(join(repo, "fixtures/hf", `${modelId}.json`), "utf8"));
 const chatShort = fixture.cases.find((c: { name: string }) => c.name === "chat_short");
+/** lean-cli's constrained greedy outputs (scripts/gen_constraint_fixtures.py). */
+const constrained = JSON.parse(readFileSync(join(repo, "fixtures/constraint", `${modelId}.json`), "utf8"));
+const cityCase = constrained.cases.find((c: { name: string }) => c.name === "city");
 
 const missing = [wasmFile, join(modelsDir, `${modelId}.gguf`)].filter((f) => !existsSync(f));
 if (missing.length > 0 && process.env.CI) throw new Error(`missing: ${missing.join(", ")} (run npm run build; set LEAN_MODELS)`);
@@ -124,6 +127,42 @@ describe.skipIf(missing.length > 0)("the worker with the wasm engine", () => {
     expect(text).toBe("The capital of France is");
     expect(result).toMatchObject({ text, finishReason: "stop", stopString: " Paris" });
     expect(result.tokenIds).toEqual(greedy.slice(0, result.tokenIds.length));
+  }, 60_000);
+
+  it("a JSON schema constrains the reply to lean-cli's output; a rejected schema is a ConstraintError", async () => {
+    const responseFormat = { type: "json_schema", json_schema: { name: "city", schema: cityCase.schema, strict: true } } as const;
+    const stream = engine.chat(cityCase.messages, { maxTokens: cityCase.max_tokens, responseFormat });
+    let text = "";
+    for await (const t of stream) text += t.text;
+    const result = await stream.result;
+    expect(result).toMatchObject({ tokenIds: cityCase.token_ids, text: cityCase.text, finishReason: cityCase.finish_reason });
+    expect(text).toBe(cityCase.text);
+    expect(JSON.parse(text)).toMatchObject({ country: "France" });
+
+    const bad = engine.chat(cityCase.messages, {
+      maxTokens: 8,
+      responseFormat: { type: "json_schema", json_schema: { name: "bad", schema: { type: "strng" } } },
+    });
+    await expect(bad.result).rejects.toMatchObject({ name: "ConstraintError", message: expect.stringMatching(/^invalid json_schema: .*strng/) });
+    await expect(
+      engine.chat(cityCase.messages, { maxTokens: 8, responseFormat: { type: "regex", pattern: "(a" } }).result,
+    ).rejects.toMatchObject({ name: "ConstraintError", message: expect.stringMatching(/^invalid regex/) });
+    expect(engine.usable).toBe(true);
+
+    // Cut short by max_tokens: "length", the same ids so far.
+    const cut = engine.chat(cityCase.messages, { maxTokens: 5, responseFormat });
+    for await (const _ of cut);
+    expect(await cut.result).toMatchObject({ tokenIds: cityCase.token_ids.slice(0, 5), finishReason: "length" });
+    // A regex and a grammar; then free text is unconstrained again.
+    const digits = engine.generate("The year is", { maxTokens: 8, responseFormat: { type: "regex", pattern: " [0-9]{4}\\." } });
+    for await (const _ of digits);
+    expect((await digits.result).text).toMatch(/^ [0-9]{4}\.$/);
+    const answer = engine.chat(chatShort.messages, { maxTokens: 8, responseFormat: { type: "grammar", lark: 'start: "Yes" | "No"' } });
+    for await (const _ of answer);
+    expect(["Yes", "No"]).toContain((await answer.result).text);
+    const free = engine.chat(chatShort.messages, { maxTokens: 5 });
+    for await (const _ of free);
+    expect((await free.result).tokenIds).toEqual(greedy.slice(0, 5));
   }, 60_000);
 
   it("tokenize gives a raw prompt's ids", async () => {

@@ -21,6 +21,7 @@ use lean::{
     ChatMessage, Engine, GenerateOptions, Generation, LeanError, Model, ModelBytes, Prompt,
     SamplingParams, Session, TokenEvent, Tokenizer,
 };
+use lean_constraint::ConstraintSpec;
 use lean_gpu::{GpuContext, Kernels, StreamedModel};
 use serde::{Deserialize, Serialize};
 use std::cell::{RefCell, RefMut};
@@ -344,6 +345,31 @@ struct OptionsJson {
     /// Text the output is expected to resemble: speculative decoding's first source of guesses
     /// (of up to `lookup` tokens, default 8).
     prediction: Option<String>,
+    /// Constrained decoding: the output follows this JSON schema, regex or Lark grammar.
+    constraint: Option<ConstraintJson>,
+}
+
+/// A constraint on the output (lean-js's `responseFormat`, with the JSON schema unwrapped):
+/// `{"type": "json_object"}`, `{"type": "json_schema", "schema": {...}}`, `{"type": "regex",
+/// "pattern": "..."}` or `{"type": "grammar", "lark": "..."}` (llguidance's Lark dialect).
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+enum ConstraintJson {
+    JsonObject,
+    JsonSchema { schema: serde_json::Value },
+    Regex { pattern: String },
+    Grammar { lark: String },
+}
+
+impl From<ConstraintJson> for ConstraintSpec {
+    fn from(c: ConstraintJson) -> ConstraintSpec {
+        match c {
+            ConstraintJson::JsonObject => ConstraintSpec::JsonObject,
+            ConstraintJson::JsonSchema { schema } => ConstraintSpec::JsonSchema(schema),
+            ConstraintJson::Regex { pattern } => ConstraintSpec::Regex(pattern),
+            ConstraintJson::Grammar { lark } => ConstraintSpec::Lark(lark),
+        }
+    }
 }
 
 impl Default for OptionsJson {
@@ -361,6 +387,7 @@ impl Default for OptionsJson {
             stop_token_ids: options.stop_token_ids,
             lookup: None,
             prediction: None,
+            constraint: None,
         }
     }
 }
@@ -378,7 +405,7 @@ impl From<OptionsJson> for GenerateOptions {
                 seed: o.seed,
             },
             stop_token_ids: o.stop_token_ids,
-            constraint: None,
+            constraint: o.constraint.map(ConstraintSpec::from),
             speculation: o.lookup.map(lean::Speculation::lookup),
         }
     }
@@ -555,17 +582,21 @@ impl WasmEngine {
     /// rendered with the chat template, `{"raw": text}`, or `{"ids": [...]}`) and runs the prompt
     /// through the model. `options_json` fields are all optional: `max_tokens` (256),
     /// `temperature` (0 = greedy), `top_k`, `top_p`, `min_p`, `repetition_penalty`, `seed`,
-    /// `stop_token_ids` (default: the tokenizer's end-of-sequence ids). Resolves to
+    /// `stop_token_ids` (default: the tokenizer's end-of-sequence ids), `lookup`, `prediction`,
+    /// `constraint` (`{"type": "json_object" | "json_schema" (with "schema") | "regex" (with
+    /// "pattern") | "grammar" (with "lark")}`: the output follows it; one the library rejects
+    /// fails with an `Error` named `ConstraintError`, the engine stays usable). Resolves to
     /// `{"prompt_ids": [...]}`. A generation still in progress is abandoned.
     pub async fn begin(
         &self,
         prompt_json: String,
         options_json: String,
-    ) -> Result<String, JsError> {
+    ) -> Result<String, JsValue> {
         let mut state = self.state()?;
         let state = &mut *state;
         state.active = None;
         let (prompt, options) = request(&mut state.engine, &prompt_json, &options_json)?;
+        check_constraint(&mut state.engine, &options)?;
         let active = state
             .engine
             .begin_async(&prompt, &options)
@@ -576,7 +607,7 @@ impl WasmEngine {
             "cached_tokens": active.cached_tokens(),
         });
         state.active = Some(active);
-        serde_json::to_string(&begun).map_err(js_error)
+        Ok(serde_json::to_string(&begun).map_err(js_error)?)
     }
 
     /// Produces the next token of the generation `begin` started; resolves to JSON
@@ -638,6 +669,7 @@ impl WasmEngine {
         let state = &mut *state;
         state.active = None;
         let (prompt, options) = request(&mut state.engine, prompt_json, options_json)?;
+        check_constraint(&mut state.engine, &options)?;
         let mut thrown = None;
         let generation = state
             .engine
@@ -736,7 +768,10 @@ fn request(
     };
     let mut generate: GenerateOptions = options.into();
     if let Some(ids) = prediction {
-        let spec = generate.speculation.take().unwrap_or(lean::Speculation::lookup(8));
+        let spec = generate
+            .speculation
+            .take()
+            .unwrap_or(lean::Speculation::lookup(8));
         generate.speculation = Some(spec.with_prediction(ids));
     }
     // Templates that print the date read it from here: wasm32 has no clock in std.
@@ -744,6 +779,33 @@ fn request(
         .tokenizer
         .set_template_time(Some((js_sys::Date::now() / 1000.0) as i64));
     Ok((prompt.into(), generate))
+}
+
+/// Compiles the request's constraint, if any, before its generation begins, so that a schema,
+/// regex or grammar the constraint library rejects is an `Error` named `ConstraintError` (lean-js
+/// passes the name on) rather than a generic one. The first constrained request of an engine
+/// builds the vocabulary's byte map and token trie (lean's `Engine` keeps them for the next);
+/// the engine compiles the constraint again for the generation (a few ms for a small schema).
+fn check_constraint(engine: &mut Engine, options: &GenerateOptions) -> Result<(), JsValue> {
+    let Some(spec) = &options.constraint else {
+        return Ok(());
+    };
+    let stop_ids = options
+        .stop_token_ids
+        .clone()
+        .unwrap_or_else(|| engine.tokenizer.eos_token_ids());
+    match engine.compile_constraint(spec, &stop_ids) {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let message = match e {
+                LeanError::InvalidArgument(m) => m,
+                other => other.to_string(),
+            };
+            let error = js_sys::Error::new(&message);
+            error.set_name("ConstraintError");
+            Err(error.into())
+        }
+    }
 }
 
 /// Ends `active`: appends the text held back to the end to `tokens` (as a last token, with the

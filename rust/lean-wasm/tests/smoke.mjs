@@ -253,6 +253,46 @@ test("a bad prompt fails in begin and leaves no generation behind", async () => 
   await assert.rejects(engine.step(), /no generation in progress/);
 });
 
+test("a constraint: generate and begin/step give lean-cli's tokens; a rejected one is a ConstraintError", async () => {
+  const constrained = JSON.parse(
+    readFileSync(join(repo, "fixtures", "constraint", "smollm2-135m-instruct-q4_0.json"), "utf8"),
+  );
+  const c = constrained.cases.find((k) => k.name === "city");
+  const options = { max_tokens: c.max_tokens, constraint: { type: "json_schema", schema: c.schema } };
+  const { result } = generate({ messages: c.messages }, options);
+  assert.deepEqual(result.token_ids, c.token_ids);
+  assert.equal(result.text, c.text);
+  assert.equal(result.finish_reason, c.finish_reason);
+  const stepped = await stepAll({ messages: c.messages }, options);
+  assert.deepEqual(stepped.result.token_ids, c.token_ids);
+  const rejected = (constraint) => (e) =>
+    e instanceof Error && e.name === "ConstraintError" && e.message.startsWith(`invalid ${constraint}:`);
+  assert.throws(
+    () => generate({ raw: "Hi" }, { constraint: { type: "json_schema", schema: { type: "strng" } } }),
+    rejected("json_schema"),
+  );
+  await assert.rejects(
+    engine.begin(JSON.stringify({ raw: "Hi" }), JSON.stringify({ constraint: { type: "regex", pattern: "(a" } })),
+    rejected("regex"),
+  );
+  await assert.rejects(
+    engine.begin(JSON.stringify({ raw: "Hi" }), JSON.stringify({ constraint: { type: "grammar", lark: "start: nope" } })),
+    rejected("grammar"),
+  );
+  // The shape is checked at the boundary: an unknown type or field is refused, not ignored.
+  assert.throws(
+    () => generate({ raw: "Hi" }, { constraint: { type: "json_schema", json_schema: {} } }),
+    /invalid options JSON: .*json_schema/,
+  );
+  assert.throws(() => generate({ raw: "Hi" }, { constraint: { type: "xml" } }), /unknown variant `xml`/);
+  // The engine goes on: a regex, then free text.
+  const year = generate({ raw: "The year is" }, { max_tokens: 8, constraint: { type: "regex", pattern: " [0-9]{4}" } });
+  assert.match(year.result.text, /^ [0-9]{4}$/);
+  assert.equal(year.result.finish_reason, "stop");
+  const free = generate({ messages: chatShort.messages }, { max_tokens: 4 });
+  assert.deepEqual(free.result.token_ids, chatShort.greedy_ids.slice(0, 4));
+});
+
 test("decode speed (single thread, simd128)", () => {
   const max = 64;
   // No stop ids, so that every run decodes exactly `max` tokens.
