@@ -106,7 +106,7 @@ fn a_forced_call_validates_then_its_result_gets_an_answer() {
         };
         let question = FullChatMessage::new("user", "What is the weather like in Paris today?");
         let forced = tools(json!({"type": "function", "function": {"name": "get_weather"}}));
-        let (generation, syntax) = run(&mut engine, &[question.clone()], &forced, 80);
+        let (generation, syntax) = run(&mut engine, std::slice::from_ref(&question), &forced, 80);
         let finish = generation.finish_reason.as_str();
         assert_eq!(finish, "stop", "{file}: {}", generation.text);
         let (content, calls) = tools::parse_reply(&generation.text, syntax, &forced, finish)
@@ -122,7 +122,7 @@ fn a_forced_call_validates_then_its_result_gets_an_answer() {
 
         // "required": either function, the same guarantees.
         let required = tools(json!("required"));
-        let (generation, syntax) = run(&mut engine, &[question.clone()], &required, 80);
+        let (generation, syntax) = run(&mut engine, std::slice::from_ref(&question), &required, 80);
         let finish = generation.finish_reason.as_str();
         let (_, calls) = tools::parse_reply(&generation.text, syntax, &required, finish)
             .unwrap_or_else(|| panic!("{file}: no call in {:?}", generation.text));
