@@ -8,6 +8,8 @@ mod tokenize;
 
 use clap::{Args, Parser, Subcommand};
 use lean::cpu::CpuSession;
+use lean::tokenizer::FullChatMessage;
+use lean::tools::{self, CallSplitter, Tools};
 use lean::{
     ChatMessage, Engine, GenerateOptions, LeanError, Model, Prompt, SamplingParams, Session,
     Tokenizer,
@@ -80,9 +82,20 @@ struct RunArgs {
     /// Plain completion of --prompt, without the chat template.
     #[arg(long)]
     raw: bool,
-    /// A JSON file with an OpenAI-style array of {"role", "content"} messages (multi-turn chat).
+    /// A JSON file with an OpenAI-style array of messages (multi-turn chat): {"role", "content"},
+    /// an assistant's "tool_calls" and "tool" results ("tool_call_id") too.
     #[arg(long)]
     messages: Option<PathBuf>,
+    /// Tool calling: a JSON file with OpenAI's `tools` array ([{"type": "function", "function":
+    /// {"name", "description", "parameters"}}]), rendered through the chat template (or lean's
+    /// fallback system message for a template without tools); a call the model writes is
+    /// printed as OpenAI's `tool_calls` (finish reason `tool_calls`).
+    #[arg(long, value_name = "FILE")]
+    tools: Option<PathBuf>,
+    /// With --tools: `auto` (the model decides), `none` (no tools), `required` (exactly one call,
+    /// constrained to a function's parameters schema) or a function's name (a call to it).
+    #[arg(long, value_name = "CHOICE", requires = "tools")]
+    tool_choice: Option<String>,
     /// Extra chat-template variables, a JSON object: e.g. '{"enable_thinking": false}' (Qwen3),
     /// '{"date_string": "26 Jul 2024"}' (Llama 3.x).
     #[arg(long, value_name = "JSON")]
@@ -134,6 +147,22 @@ struct RunArgs {
 }
 
 impl RunArgs {
+    /// `--tools` and `--tool-choice`, checked as the server checks `tools` and `tool_choice`.
+    fn tools(&self) -> CliResult<Option<Tools>> {
+        let Some(path) = &self.tools else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let list: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| format!("--tools {}: not JSON: {e}", path.display()))?;
+        let choice = self.tool_choice.as_deref().map(|c| match c {
+            "auto" | "none" | "required" => serde_json::Value::String(c.into()),
+            name => serde_json::json!({"type": "function", "function": {"name": name}}),
+        });
+        tools::parse_tools(Some(&list), choice.as_ref())
+            .map_err(|e| format!("--tools/--tool-choice: {}: {}", e.param, e.message).into())
+    }
+
     /// The constraint the flags ask for, read from its file where it is one.
     fn constraint(&self) -> CliResult<Option<lean_constraint::ConstraintSpec>> {
         use lean_constraint::ConstraintSpec;
@@ -327,40 +356,47 @@ pub fn model_and_tokenizer(
     Ok((model_path, source))
 }
 
+/// The prompt before the tokenizer is loaded.
+enum Input {
+    Raw(String),
+    Chat(Vec<FullChatMessage>),
+}
+
 fn run(args: RunArgs) -> CliResult {
     init_threads(args.common.threads)?;
     let (model_path, tok_source) = model_and_tokenizer(&args.common, args.tokenizer.as_ref())?;
+    // A chat: the messages as OpenAI's API takes them (calls and tool results included).
     let prompt = if let Some(file) = &args.messages {
         let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
-        let messages: Vec<ChatMessage> = serde_json::from_str(&text).map_err(|e| {
+        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
             format!(
                 "{}: expected a JSON array of {{\"role\", \"content\"}} objects: {e}",
                 file.display()
             )
         })?;
-        Prompt::Chat(messages)
+        let messages =
+            serve::parse_messages(&value).map_err(|e| format!("{}: {e}", file.display()))?;
+        Input::Chat(messages)
     } else {
         let text = args
             .prompt
             .clone()
             .ok_or("give --prompt TEXT (or --messages FILE)")?;
         if args.raw {
-            Prompt::Raw(text)
+            Input::Raw(text)
         } else {
             let mut messages = Vec::new();
             if let Some(system) = &args.system {
-                messages.push(ChatMessage {
-                    role: "system".into(),
-                    content: system.clone(),
-                });
+                messages.push(FullChatMessage::new("system", system.clone()));
             }
-            messages.push(ChatMessage {
-                role: "user".into(),
-                content: text,
-            });
-            Prompt::Chat(messages)
+            messages.push(FullChatMessage::new("user", text));
+            Input::Chat(messages)
         }
     };
+    let tools = args.tools()?;
+    if tools.is_some() && matches!(prompt, Input::Raw(_)) {
+        return Err("--tools applies to chat prompts, not --raw".into());
+    }
 
     let template_kwargs = match &args.template_kwargs {
         None => None,
@@ -372,7 +408,7 @@ fn run(args: RunArgs) -> CliResult {
             Err(e) => return Err(format!("--template-kwargs is not valid JSON: {e}").into()),
         },
     };
-    if template_kwargs.is_some() && matches!(prompt, Prompt::Raw(_)) {
+    if template_kwargs.is_some() && matches!(prompt, Input::Raw(_)) {
         return Err("--template-kwargs applies to chat prompts, not --raw".into());
     }
 
@@ -392,6 +428,51 @@ fn run(args: RunArgs) -> CliResult {
         engine.context_length()
     );
 
+    let mut constraint = args.constraint()?;
+    // The chat: plain messages go in as before; extra template variables, tools, calls or tool
+    // results are rendered here (tools through the template, or lean's fallback) and go in as ids.
+    let mut tool_syntax = None;
+    let prompt = match prompt {
+        Input::Raw(text) => Prompt::Raw(text),
+        Input::Chat(messages) => {
+            let plain = template_kwargs.is_none()
+                && tools.is_none()
+                && messages
+                    .iter()
+                    .all(|m| m.tool_calls.is_none() && m.role != "tool" && m.content.is_some());
+            if plain {
+                Prompt::Chat(
+                    messages
+                        .into_iter()
+                        .map(|m| ChatMessage::new(m.role, m.content.unwrap_or_default()))
+                        .collect(),
+                )
+            } else {
+                let template = tools::template_syntax(&engine.tokenizer);
+                let chat = tools::prepare_chat(
+                    template,
+                    &messages,
+                    tools.as_ref(),
+                    &template_kwargs.unwrap_or_default(),
+                );
+                if let Some(grammar) = chat.grammar {
+                    if constraint.is_some() {
+                        return Err("--tool-choice required (or a function's name) cannot be \
+                                    combined with --json-schema/--json-object/--regex/--grammar: \
+                                    the call's arguments follow the function's schema"
+                            .into());
+                    }
+                    constraint = Some(lean_constraint::ConstraintSpec::Lark(grammar));
+                }
+                tool_syntax = chat.syntax;
+                Prompt::Ids(engine.tokenizer.encode_chat_full(
+                    &chat.messages,
+                    true,
+                    &chat.kwargs,
+                )?)
+            }
+        }
+    };
     let options = GenerateOptions {
         max_tokens: args.tokens,
         sampling: SamplingParams {
@@ -403,31 +484,59 @@ fn run(args: RunArgs) -> CliResult {
             seed: args.seed,
         },
         stop_token_ids: None,
-        constraint: args.constraint()?,
+        constraint,
         speculation: match (args.lookup, &args.draft) {
             (Some(n), _) => Some(lean::Speculation::lookup(n)),
             (None, Some(_)) => Some(lean::Speculation::draft_model(args.draft_max.unwrap_or(8))),
             (None, None) => None,
         },
     };
-    // A chat with extra template variables is rendered here and goes in as ids.
-    let prompt = match (&prompt, &template_kwargs) {
-        (Prompt::Chat(messages), Some(kwargs)) => {
-            Prompt::Ids(engine.tokenizer.encode_chat_with(messages, true, kwargs)?)
-        }
-        _ => prompt,
-    };
     let stream = !args.json;
     let mut stdout = std::io::stdout().lock();
+    // With tools, text that may be a call is held back and parsed at the end.
+    let mut splitter = tool_syntax.filter(|_| stream).map(CallSplitter::new);
     let generation = engine.generate(&prompt, &options, |event| {
         if stream {
-            let _ = stdout.write_all(event.text.as_bytes());
+            let text = match &mut splitter {
+                Some(splitter) => splitter.push(&event.text),
+                None => event.text.clone(),
+            };
+            let _ = stdout.write_all(text.as_bytes());
             let _ = stdout.flush();
         }
         true
     })?;
+    let finish_reason = generation.finish_reason.as_str();
+    // Streamed, the calls are in the held text (what went out holds none); else in the whole.
+    let held = splitter.map(CallSplitter::finish);
+    let calls = match (tool_syntax, &tools) {
+        (Some(syntax), Some(tools)) => {
+            let text = held.as_deref().unwrap_or(&generation.text);
+            tools::parse_reply(text, syntax, tools, finish_reason)
+        }
+        _ => None,
+    };
+    let finish_reason = match calls {
+        Some(_) => "tool_calls",
+        None => finish_reason,
+    };
+    let tool_calls = calls
+        .as_ref()
+        .map(|(_, calls)| tools::openai_tool_calls(calls, false));
     if stream {
+        let rest = match (&calls, held) {
+            (Some((content, _)), _) => content.clone().unwrap_or_default(),
+            (None, held) => held.unwrap_or_default(),
+        };
+        let _ = stdout.write_all(rest.as_bytes());
         let _ = writeln!(stdout);
+        if let Some(tool_calls) = &tool_calls {
+            writeln!(
+                stdout,
+                "{}",
+                serde_json::json!({ "tool_calls": tool_calls })
+            )?;
+        }
     }
     let t = &generation.timings;
     eprintln!(
@@ -436,7 +545,7 @@ fn run(args: RunArgs) -> CliResult {
         t.prefill_tokens_per_second(),
         t.generated_tokens,
         t.decode_tokens_per_second(),
-        generation.finish_reason.as_str()
+        finish_reason
     );
     let spec = &t.speculation;
     if let Some(speculation) = &options.speculation {
@@ -453,11 +562,11 @@ fn run(args: RunArgs) -> CliResult {
         );
     }
     if args.json {
-        let out = serde_json::json!({
+        let mut out = serde_json::json!({
             "prompt_ids": generation.prompt_ids,
             "token_ids": generation.token_ids,
             "text": generation.text,
-            "finish_reason": generation.finish_reason.as_str(),
+            "finish_reason": finish_reason,
             "timings": {
                 "load_seconds": load_seconds,
                 "prompt_tokens": t.prompt_tokens,
@@ -474,6 +583,14 @@ fn run(args: RunArgs) -> CliResult {
                 },
             },
         });
+        // With --tools: the reply as OpenAI's message (content around the calls, or null).
+        if tools.is_some() {
+            out["content"] = match &calls {
+                Some((content, _)) => serde_json::json!(content),
+                None => serde_json::json!(generation.text),
+            };
+            out["tool_calls"] = tool_calls.unwrap_or_default();
+        }
         writeln!(stdout, "{out}")?;
     }
     Ok(())

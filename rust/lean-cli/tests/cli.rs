@@ -591,3 +591,124 @@ fn a_draft_model_gives_the_reference_ids_and_another_vocabulary_is_refused() {
     ]);
     assert!(!ok);
 }
+
+#[test]
+fn tools_and_a_forced_call_print_openai_tool_calls() {
+    let Some(m) = models() else { return };
+    let schema = serde_json::json!({"type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": false});
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Get the current weather in a city", "parameters": schema}}]);
+    let dir = std::env::temp_dir().join(format!("lean-cli-tools-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tools_file = dir.join("tools.json");
+    std::fs::write(&tools_file, tools.to_string()).unwrap();
+    let tools_path = tools_file.to_str().unwrap();
+    // SmolLM2: lean's fallback (its template has no tools); Qwen2.5: its Hermes template.
+    for file in [
+        "smollm2-135m-instruct-q4_0.gguf",
+        "qwen2.5-coder-0.5b-instruct-q4_0.gguf",
+    ] {
+        let model = m.join(file);
+        let model = model.to_str().unwrap();
+        let base = [
+            "--model",
+            model,
+            "--tokenizer",
+            "gguf",
+            "--threads",
+            "2",
+            "--tokens",
+            "60",
+            "-p",
+            "What is the weather like in Paris?",
+            "--tools",
+            tools_path,
+        ];
+        let (ok, stdout, stderr) =
+            lean(&[&base[..], &["--tool-choice", "get_weather", "--json"]].concat());
+        assert!(ok, "{file}: {stderr}");
+        let out: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+        assert_eq!(out["finish_reason"], "tool_calls", "{file}: {out}");
+        assert!(out["content"].is_null(), "{file}: {out}");
+        let call = &out["tool_calls"][0];
+        assert!(call["id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(call["function"]["name"], "get_weather");
+        let arguments: serde_json::Value =
+            serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert!(
+            jsonschema::is_valid(&schema, &arguments),
+            "{file}: {arguments}"
+        );
+
+        // Streamed: the call's text is held back; the calls come as the last line.
+        let (ok, stdout, stderr) = lean(&[&base[..], &["--tool-choice", "required"]].concat());
+        assert!(ok, "{file}: {stderr}");
+        assert!(stderr.contains("finish: tool_calls"), "{file}: {stderr}");
+        let last: serde_json::Value =
+            serde_json::from_str(stdout.trim().lines().last().unwrap()).unwrap();
+        assert_eq!(
+            last["tool_calls"][0]["function"]["name"], "get_weather",
+            "{stdout}"
+        );
+        assert!(!stdout.contains("<tool_call>"), "{stdout}");
+    }
+
+    // The call and its result go back through --messages; the model answers.
+    let messages = dir.join("messages.json");
+    std::fs::write(&messages, serde_json::json!([
+        {"role": "user", "content": "What is the weather like in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"unit\": \"celsius\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "22 degrees and sunny"},
+    ]).to_string()).unwrap();
+    let model = m.join("qwen2.5-coder-0.5b-instruct-q4_0.gguf");
+    let (ok, stdout, stderr) = lean(&[
+        "--model",
+        model.to_str().unwrap(),
+        "--tokenizer",
+        "gguf",
+        "--threads",
+        "2",
+        "--tokens",
+        "8",
+        "--messages",
+        messages.to_str().unwrap(),
+        "--tools",
+        tools_path,
+        "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    let out: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert!(!out["token_ids"].as_array().unwrap().is_empty(), "{out}");
+
+    // Bad choices and files name the problem.
+    for (args, want) in [
+        (vec!["--tool-choice", "get_time"], "get_time"),
+        (
+            vec!["--tool-choice", "required", "--json-object"],
+            "cannot be combined",
+        ),
+        (vec!["--raw"], "--raw"),
+    ] {
+        let (ok, _, stderr) = lean(
+            &[
+                &[
+                    "--model",
+                    model.to_str().unwrap(),
+                    "--tokenizer",
+                    "gguf",
+                    "-p",
+                    "hi",
+                    "--tools",
+                    tools_path,
+                ][..],
+                &args[..],
+            ]
+            .concat(),
+        );
+        assert!(!ok && stderr.contains(want), "{args:?}: {stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -443,6 +443,11 @@ fn bad_tools_and_tool_choices_are_400s_naming_the_problem() {
             "always",
         ),
         (
+            json!({"messages": user, "tools": [{"type": "code_interpreter"}]}),
+            "tools[0].type",
+            "function",
+        ),
+        (
             json!({"messages": user, "tool_choice": "required"}),
             "tool_choice",
             "tools",
@@ -472,6 +477,33 @@ fn bad_tools_and_tool_choices_are_400s_naming_the_problem() {
         let message = reply["error"]["message"].as_str().unwrap();
         assert!(message.contains(what), "{body}: {message}");
     }
+    // A forced call that cannot finish within max_tokens: `length`, no call, the text as content
+    // (whole and streamed).
+    let cut = json!({"messages": user, "tools": tools(), "tool_choice": "required",
+        "temperature": 0, "max_tokens": 5});
+    let (status, reply) = server.chat_json(&cut);
+    assert_eq!(status, 200, "{reply}");
+    let choice = &reply["choices"][0];
+    assert_eq!(choice["finish_reason"], "length", "{reply}");
+    assert!(choice["message"].get("tool_calls").is_none(), "{reply}");
+    let content = choice["message"]["content"].as_str().unwrap();
+    assert!(content.starts_with("<tool_call>"), "{reply}");
+    let chunks = server.chat_stream(&cut);
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(streamed, content);
+    let finish: Vec<&Value> = chunks
+        .iter()
+        .map(|c| &c["choices"][0]["finish_reason"])
+        .filter(|f| !f.is_null())
+        .collect();
+    assert_eq!(finish, [&json!("length")]);
+    assert!(chunks
+        .iter()
+        .all(|c| c["choices"][0]["delta"].get("tool_calls").is_none()));
+
     // tool_choice "none": the tools are ignored, the reply is text.
     let (status, reply) = server.chat_json(&json!({"messages": user, "tools": tools(),
         "tool_choice": "none", "temperature": 0, "max_tokens": 4}));

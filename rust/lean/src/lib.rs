@@ -5,6 +5,7 @@
 //! * [`sampling`]: logits processors and samplers with transformers' semantics
 //! * [`engine`]: tokenizer + model + backend, the generation loop
 //! * [`speculative`]: drafts for speculative decoding (greedy-exact)
+//! * [`tools`]: tool calls (OpenAI's `tools`/`tool_choice`): templates, call syntaxes, forced calls
 pub mod config;
 pub mod cpu;
 pub mod engine;
@@ -14,6 +15,7 @@ pub mod sampling;
 pub mod session;
 pub mod speculative;
 pub mod synthetic;
+pub mod tools;
 
 pub use config::{Architecture, ModelConfig};
 pub use engine::{

@@ -4,7 +4,6 @@
 mod openai;
 mod slots;
 mod stop;
-mod tools;
 
 use crate::{init_threads, load_model, model_and_tokenizer, new_session, CliResult, Common};
 use axum::body::Bytes;
@@ -18,6 +17,7 @@ use axum::{Json, Router};
 use clap::Args;
 use futures_util::stream::{self, StreamExt};
 use lean::tokenizer::FullChatMessage;
+use lean::tools::{self, CallSplitter, Syntax, Tools};
 use lean::{Engine, GenerateOptions, Tokenizer};
 use openai::{ApiError, Endpoint, Input, Request, ResponseHeader};
 use serde_json::json;
@@ -28,12 +28,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc::UnboundedReceiver;
-use tools::{CallSplitter, Syntax, Tools};
 
 /// Request bodies above this get 413 (a long conversation is well under it).
 const MAX_BODY_BYTES: usize = 4 << 20;
 /// Response header that says how many messages `--truncation auto` dropped.
 const DROPPED_MESSAGES_HEADER: &str = "x-lean-dropped-messages";
+
+/// OpenAI-shaped chat messages (lean-cli's `--messages`: calls and tool results too), read as
+/// the server reads them; the error names the field.
+pub fn parse_messages(messages: &serde_json::Value) -> Result<Vec<FullChatMessage>, String> {
+    openai::parse_messages(Some(messages))
+        .map_err(|e| format!("{}: {}", e.param.unwrap_or_default(), e.message))
+}
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -364,31 +370,19 @@ impl Server {
             Input::Chat(messages) => messages,
         };
         // Tools: as the template's `tools` variable, or lean's fallback for a template without.
-        let template_syntax = self.tool_template();
-        let mut kwargs = request.template_kwargs.clone();
-        let messages = match template_syntax {
-            Some(_) => {
-                if let Some(tools) = &request.tools {
-                    kwargs.insert("tools".into(), tools.definitions());
-                }
-                messages.clone()
-            }
-            None => tools::fallback_messages(messages, request.tools.as_ref()),
-        };
-        let tool_syntax = request
-            .tools
-            .as_ref()
-            .map(|_| template_syntax.unwrap_or(Syntax::Hermes));
+        let chat = tools::prepare_chat(
+            self.tool_template(),
+            messages,
+            request.tools.as_ref(),
+            &request.template_kwargs,
+        );
         let mut constraint = request.constraint.clone();
-        if let (Some(tools), Some(syntax)) = (&request.tools, tool_syntax) {
-            if tools.forced() {
-                let spec = lean_constraint::ConstraintSpec::Lark(tools::forced_call_grammar(
-                    tools, syntax,
-                ));
-                self.check_constraint(&spec, request.ignore_eos, "tools")?;
-                constraint = Some(spec);
-            }
+        if let Some(grammar) = chat.grammar {
+            let spec = lean_constraint::ConstraintSpec::Lark(grammar);
+            self.check_constraint(&spec, request.ignore_eos, "tools")?;
+            constraint = Some(spec);
         }
+        let (messages, kwargs, tool_syntax) = (chat.messages, chat.kwargs, chat.syntax);
         let mut kept: Vec<FullChatMessage> = messages.clone();
         loop {
             let ids = self
@@ -410,34 +404,11 @@ impl Server {
         }
     }
 
-    /// How the chat template takes tools (see `tool_template`): a probe function is rendered
-    /// as `tools`; a template that writes its name takes tools, in the syntax its instructions
-    /// show (`<tool_call>`: Hermes; Llama 3.x's `"parameters"` JSON; Hermes otherwise).
+    /// How the chat template takes tools (`tools::template_syntax`), found once.
     fn tool_template(&self) -> Option<Syntax> {
-        *self.tool_template.get_or_init(|| {
-            const PROBE: &str = "lean_probe_function_7f3a";
-            let mut kwargs = serde_json::Map::new();
-            kwargs.insert(
-                "tools".into(),
-                json!([{"type": "function", "function": {"name": PROBE, "description": "probe",
-                    "parameters": {"type": "object", "properties": {}}}}]),
-            );
-            let text = self
-                .tokenizer
-                .apply_chat_template_full(&[FullChatMessage::new("user", "hi")], true, &kwargs)
-                .ok()?;
-            if !text.contains(PROBE) {
-                return None;
-            }
-            let llama = !text.contains("<tool_call>")
-                && (text.contains("Environment: ipython")
-                    || text.contains("{\"name\": function name, \"parameters\""));
-            Some(if llama {
-                Syntax::Llama3
-            } else {
-                Syntax::Hermes
-            })
-        })
+        *self
+            .tool_template
+            .get_or_init(|| tools::template_syntax(&self.tokenizer))
     }
 
     /// Compiles a constraint (`response_format`'s, or a required tool call's: `param`) once to
@@ -565,9 +536,9 @@ async fn whole_response(
             SlotEvent::Text(piece) => text.push_str(&piece),
             SlotEvent::Done(outcome) => {
                 let usage = outcome.usage();
-                let calls = tools
-                    .as_ref()
-                    .and_then(|(syntax, tools)| tools::parse_output(&text, *syntax, tools));
+                let calls = tools.as_ref().and_then(|(syntax, tools)| {
+                    tools::parse_reply(&text, *syntax, tools, outcome.finish_reason)
+                });
                 if let Some((content, calls)) = calls {
                     return Ok(Json(header.response_with_calls(
                         content.as_deref(),
@@ -624,7 +595,7 @@ fn stream_response(
                     let mut finish_reason = outcome.finish_reason;
                     if let (Some(splitter), Some((syntax, tools))) = (splitter, tools.as_ref()) {
                         let held = splitter.finish();
-                        match tools::parse_output(&held, *syntax, tools) {
+                        match tools::parse_reply(&held, *syntax, tools, finish_reason) {
                             Some((content, calls)) => {
                                 if let Some(content) = content {
                                     events.push(text_chunk(&content));

@@ -1,11 +1,11 @@
 //! OpenAI's wire format: requests are read field by field (so that an error names its
 //! parameter, as OpenAI's do), and responses, stream chunks and errors are built with OpenAI's
 //! field names and object types.
-use super::tools::{self, ToolCall, Tools};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use lean::tokenizer::FullChatMessage;
+use lean::tools::{self, ToolCall, ToolError, Tools};
 use lean::SamplingParams;
 use serde_json::{json, Map, Value};
 
@@ -64,6 +64,12 @@ impl ApiError {
             "param": self.param,
             "code": self.code,
         }})
+    }
+}
+
+impl From<ToolError> for ApiError {
+    fn from(e: ToolError) -> Self {
+        ApiError::invalid(Some(&e.param), e.message)
     }
 }
 
@@ -467,7 +473,7 @@ fn parse_response_format(
     }
 }
 
-fn parse_messages(messages: Option<&Value>) -> Result<Vec<FullChatMessage>, ApiError> {
+pub fn parse_messages(messages: Option<&Value>) -> Result<Vec<FullChatMessage>, ApiError> {
     let param = Some("messages");
     let messages = match messages {
         None => return Err(ApiError::invalid(param, "'messages' is required")),
@@ -655,50 +661,6 @@ fn parse_stop(stop: Option<&Value>) -> Result<Vec<String>, ApiError> {
     Ok(stops)
 }
 
-/// OpenAI's `tool_calls`: `[{id, type: "function", function: {name, arguments}}]` (with `index`
-/// in stream deltas); the ids are new, `call_` and 24 letters and digits as OpenAI's.
-fn tool_calls_json(calls: &[ToolCall], indexed: bool) -> Value {
-    calls
-        .iter()
-        .enumerate()
-        .map(|(index, call)| {
-            let mut value = json!({
-                "id": new_call_id(),
-                "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments},
-            });
-            if indexed {
-                value["index"] = json!(index);
-            }
-            value
-        })
-        .collect()
-}
-
-fn new_call_id() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    // splitmix64 over the time and a counter: unique within the process, unlikely to repeat.
-    let mut state = nanos
-        ^ NEXT
-            .fetch_add(1, Ordering::Relaxed)
-            .wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    let mut id = String::from("call_");
-    for _ in 0..24 {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        id.push(ALPHABET[(z % ALPHABET.len() as u64) as usize] as char);
-    }
-    id
-}
-
 /// Token counts as OpenAI's `usage` reports them.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Usage {
@@ -787,7 +749,7 @@ impl ResponseHeader {
                 "role": "assistant",
                 "content": content,
                 "refusal": null,
-                "tool_calls": tool_calls_json(calls, false),
+                "tool_calls": tools::openai_tool_calls(calls, false),
             },
             "logprobs": null,
             "finish_reason": "tool_calls",
@@ -802,7 +764,7 @@ impl ResponseHeader {
     pub fn tool_calls_chunk(&self, calls: &[ToolCall], with_usage: bool) -> Value {
         let choice = json!({
             "index": 0,
-            "delta": {"tool_calls": tool_calls_json(calls, true)},
+            "delta": {"tool_calls": tools::openai_tool_calls(calls, true)},
             "logprobs": null,
             "finish_reason": null,
         });

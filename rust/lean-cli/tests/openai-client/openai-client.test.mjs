@@ -1,5 +1,6 @@
 // The official `openai` client against `lean-cli serve`: a greedy reply, streamed or not, the
-// cached prefix of a second turn, and a refused request as the client's BadRequestError.
+// cached prefix of a second turn, a refused request as the client's BadRequestError, and a
+// forced tool call with its result sent back.
 // LEAN_CLI names the lean-cli binary; LEAN_MODELS the test models (skipped when missing,
 // except under CI).
 import { after, before, test } from "node:test";
@@ -103,4 +104,51 @@ test("a refused request is the client's BadRequestError", { skip }, async () => 
     client.chat.completions.create({ model: "m", messages: conversation, n: 2 }),
     (e) => e instanceof BadRequestError && e.param === "n" && /not supported/.test(e.message),
   );
+});
+
+test("a forced tool call, its result and the answer (SmolLM2: lean's fallback template)", { skip }, async () => {
+  const tools = [{
+    type: "function",
+    function: {
+      name: "get_weather", description: "Get the current weather in a city",
+      parameters: {
+        type: "object", properties: { city: { type: "string", maxLength: 20 } },
+        required: ["city"], additionalProperties: false,
+      },
+    },
+  }];
+  const messages = [{ role: "user", content: "What is the weather like in Paris?" }];
+  const reply = await client.chat.completions.create({
+    model: "m", messages, tools, tool_choice: { type: "function", function: { name: "get_weather" } },
+    max_tokens: 48, temperature: 0,
+  });
+  const choice = reply.choices[0];
+  assert.equal(choice.finish_reason, "tool_calls");
+  assert.equal(choice.message.content, null);
+  const [call] = choice.message.tool_calls;
+  assert.match(call.id, /^call_/);
+  assert.equal(call.function.name, "get_weather");
+  assert.equal(typeof JSON.parse(call.function.arguments).city, "string");
+
+  // The call and its result go back as the client writes them; the reply is an answer.
+  const answer = await client.chat.completions.create({
+    model: "m", tools, max_tokens: 8, temperature: 0,
+    messages: [...messages, choice.message, { role: "tool", tool_call_id: call.id, content: "22 C and sunny" }],
+  });
+  assert.ok(["stop", "length", "tool_calls"].includes(answer.choices[0].finish_reason));
+  assert.ok(answer.usage.completion_tokens > 0);
+
+  const stream = await client.chat.completions.create({
+    model: "m", messages, tools, tool_choice: "required", max_tokens: 48, temperature: 0, stream: true,
+  });
+  const deltas = [];
+  let finish;
+  for await (const chunk of stream) {
+    deltas.push(...(chunk.choices[0]?.delta.tool_calls ?? []));
+    finish ??= chunk.choices[0]?.finish_reason ?? undefined;
+  }
+  assert.equal(finish, "tool_calls");
+  assert.equal(deltas.length, 1);
+  assert.equal(deltas[0].index, 0);
+  assert.equal(deltas[0].function.name, "get_weather");
 });

@@ -12,14 +12,39 @@
 //!
 //! Output that does not parse as calls (malformed JSON, an unknown function, text that only
 //! looks like a call) is the reply's content, as it was written.
-use super::openai::ApiError;
-use lean::tokenizer::FullChatMessage;
+use crate::tokenizer::FullChatMessage;
+use crate::Tokenizer;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 const HERMES_OPEN: &str = "<tool_call>";
 const HERMES_CLOSE: &str = "</tool_call>";
 const PYTHON_TAG: &str = "<|python_tag|>";
+
+/// A request's tools or messages that cannot be used: `param` names the field (OpenAI's
+/// `param`: `tools[1].function.name`, `tool_choice`, `messages[2].tool_calls`…).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolError {
+    pub param: String,
+    pub message: String,
+}
+
+impl ToolError {
+    pub fn new(param: &str, message: impl Into<String>) -> Self {
+        ToolError {
+            param: param.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for ToolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.message)
+    }
+}
+
+impl std::error::Error for ToolError {}
 
 /// One function the model may call.
 #[derive(Clone, Debug, PartialEq)]
@@ -86,13 +111,13 @@ pub enum Syntax {
 pub fn parse_tools(
     tools: Option<&Value>,
     choice: Option<&Value>,
-) -> Result<Option<Tools>, ApiError> {
+) -> Result<Option<Tools>, ToolError> {
     let list = match tools {
         None => &Vec::new(),
         Some(Value::Array(list)) => list,
         Some(other) => {
-            return Err(ApiError::invalid(
-                Some("tools"),
+            return Err(ToolError::new(
+                "tools",
                 format!("'tools' must be an array of {{\"type\": \"function\", \"function\": {{...}}}}, got {other}"),
             ))
         }
@@ -101,8 +126,8 @@ pub fn parse_tools(
     for (i, tool) in list.iter().enumerate() {
         let tool = parse_tool(tool, i)?;
         if parsed.iter().any(|t| t.name == tool.name) {
-            return Err(ApiError::invalid(
-                Some(&format!("tools[{i}].function.name")),
+            return Err(ToolError::new(
+                &format!("tools[{i}].function.name"),
                 format!(
                     "tools[{i}]: the function name '{}' is given twice",
                     tool.name
@@ -111,7 +136,7 @@ pub fn parse_tools(
         }
         parsed.push(tool);
     }
-    let param = Some("tool_choice");
+    let param = "tool_choice";
     let choice = match choice {
         None => None,
         Some(Value::String(s)) => match s.as_str() {
@@ -119,7 +144,7 @@ pub fn parse_tools(
             "auto" => Some(ToolChoice::Auto),
             "required" => Some(ToolChoice::Required),
             other => {
-                return Err(ApiError::invalid(
+                return Err(ToolError::new(
                     param,
                     format!("'tool_choice' must be 'none', 'auto', 'required' or {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got '{other}'"),
                 ))
@@ -133,13 +158,13 @@ pub fn parse_tools(
                 _ => None,
             };
             let Some(name) = name else {
-                return Err(ApiError::invalid(
+                return Err(ToolError::new(
                     param,
                     "'tool_choice' as an object must be {\"type\": \"function\", \"function\": {\"name\": ...}}",
                 ));
             };
             if !parsed.iter().any(|t| t.name == name) {
-                return Err(ApiError::invalid(
+                return Err(ToolError::new(
                     param,
                     format!("'tool_choice' names the function '{name}', which is not among 'tools'"),
                 ));
@@ -147,7 +172,7 @@ pub fn parse_tools(
             Some(ToolChoice::Named(name.to_string()))
         }
         Some(other) => {
-            return Err(ApiError::invalid(
+            return Err(ToolError::new(
                 param,
                 format!("'tool_choice' must be a string or an object, got {other}"),
             ))
@@ -156,7 +181,7 @@ pub fn parse_tools(
     if parsed.is_empty() {
         return match choice {
             None | Some(ToolChoice::Auto) => Ok(None),
-            Some(_) => Err(ApiError::invalid(
+            Some(_) => Err(ToolError::new(
                 param,
                 "'tool_choice' requires 'tools' (a call is required, but no function is given)",
             )),
@@ -168,9 +193,9 @@ pub fn parse_tools(
     }))
 }
 
-fn parse_tool(tool: &Value, i: usize) -> Result<Tool, ApiError> {
+fn parse_tool(tool: &Value, i: usize) -> Result<Tool, ToolError> {
     let at = |field: &str| format!("tools[{i}]{field}");
-    let invalid = |field: &str, message: String| Err(ApiError::invalid(Some(&at(field)), message));
+    let invalid = |field: &str, message: String| Err(ToolError::new(&at(field), message));
     let Some(object) = tool.as_object() else {
         return invalid("", format!("tools[{i}] must be an object"));
     };
@@ -246,13 +271,10 @@ fn valid_name(name: &str) -> bool {
 /// An assistant message's `tool_calls` as the templates read them (transformers' convention):
 /// `[{"id", "type": "function", "function": {"name", "arguments": <object>}}]`; OpenAI sends
 /// `arguments` as a JSON string, which is parsed here. `i` is the message's index.
-pub fn template_tool_calls(calls: &Value, i: usize) -> Result<Vec<Value>, ApiError> {
+pub fn template_tool_calls(calls: &Value, i: usize) -> Result<Vec<Value>, ToolError> {
     let param = format!("messages[{i}].tool_calls");
     let Some(list) = calls.as_array() else {
-        return Err(ApiError::invalid(
-            Some(&param),
-            format!("{param} must be an array"),
-        ));
+        return Err(ToolError::new(&param, format!("{param} must be an array")));
     };
     list.iter()
         .enumerate()
@@ -261,16 +283,14 @@ pub fn template_tool_calls(calls: &Value, i: usize) -> Result<Vec<Value>, ApiErr
             let function = call.get("function").and_then(Value::as_object);
             let name = function.and_then(|f| f.get("name")).and_then(Value::as_str);
             let (Some(function), Some(name)) = (function, name) else {
-                return Err(ApiError::invalid(
-                    Some(&format!("{at}.function")),
+                return Err(ToolError::new(&format!("{at}.function"),
                     format!("{at} must be {{\"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}"),
                 ));
             };
             let arguments = match function.get("arguments") {
                 None | Some(Value::Null) => json!({}),
                 Some(Value::String(text)) => serde_json::from_str(text).map_err(|e| {
-                    ApiError::invalid(
-                        Some(&format!("{at}.function.arguments")),
+                    ToolError::new(&format!("{at}.function.arguments"),
                         format!("{at}.function.arguments is not valid JSON: {e}"),
                     )
                 })?,
@@ -422,6 +442,21 @@ pub fn parse_output(
     }
     let content = content.trim();
     Some(((!content.is_empty()).then(|| content.to_string()), calls))
+}
+
+/// [`parse_output`] for a generation that ended with `finish_reason`: a forced call cut off by
+/// `max_tokens` (`"length"`: its constraint was not complete) is no call, so the reply keeps
+/// `length` and its text as content.
+pub fn parse_reply(
+    text: &str,
+    syntax: Syntax,
+    tools: &Tools,
+    finish_reason: &str,
+) -> Option<(Option<String>, Vec<ToolCall>)> {
+    if tools.forced() && finish_reason == "length" {
+        return None;
+    }
+    parse_output(text, syntax, tools)
 }
 
 /// `<tool_call>{json}</tool_call>` blocks; the last may be unclosed (the reply ended in it).
@@ -576,6 +611,131 @@ impl CallSplitter {
     pub fn finish(self) -> String {
         self.held
     }
+}
+
+/// How a tokenizer's chat template takes tools: `None` when it does not render `tools` (then
+/// lean's fallback, [`fallback_messages`], with the Hermes syntax), else the syntax its
+/// instructions teach (`<tool_call>`: Hermes; Llama 3.x's `"parameters"` JSON; Hermes
+/// otherwise). A probe function is rendered as `tools`: a template that writes its name takes
+/// tools. Render once per tokenizer and keep the answer.
+pub fn template_syntax(tokenizer: &Tokenizer) -> Option<Syntax> {
+    const PROBE: &str = "lean_probe_function_7f3a";
+    let mut kwargs = serde_json::Map::new();
+    kwargs.insert(
+        "tools".into(),
+        json!([{"type": "function", "function": {"name": PROBE, "description": "probe",
+            "parameters": {"type": "object", "properties": {}}}}]),
+    );
+    let text = tokenizer
+        .apply_chat_template_full(&[FullChatMessage::new("user", "hi")], true, &kwargs)
+        .ok()?;
+    if !text.contains(PROBE) {
+        return None;
+    }
+    let llama = !text.contains(HERMES_OPEN)
+        && (text.contains("Environment: ipython")
+            || text.contains("{\"name\": function name, \"parameters\""));
+    Some(if llama {
+        Syntax::Llama3
+    } else {
+        Syntax::Hermes
+    })
+}
+
+/// A chat with tools, ready for the template: what to render and how to read the reply.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolChat {
+    /// The messages to render (lean's fallback rewrites them for a template without tools).
+    pub messages: Vec<FullChatMessage>,
+    /// The template's variables (with `tools` for a template that takes them).
+    pub kwargs: serde_json::Map<String, Value>,
+    /// The syntax of the calls to parse out of the reply; `None` without tools.
+    pub syntax: Option<Syntax>,
+    /// For a forced call (`tool_choice` "required" or a named function): the Lark grammar of
+    /// exactly one call, for `lean_constraint::ConstraintSpec::Lark`.
+    pub grammar: Option<String>,
+}
+
+/// Prepares `messages` (with their calls and results) and `tools` for a template that takes
+/// tools in `template` ([`template_syntax`]) or, for `None`, for lean's fallback. Every surface
+/// (lean-cli, `lean-cli serve`, the wasm engine) renders a chat with tools through this.
+pub fn prepare_chat(
+    template: Option<Syntax>,
+    messages: &[FullChatMessage],
+    tools: Option<&Tools>,
+    kwargs: &serde_json::Map<String, Value>,
+) -> ToolChat {
+    let mut kwargs = kwargs.clone();
+    let messages = match template {
+        Some(_) => {
+            if let Some(tools) = tools {
+                kwargs.insert("tools".into(), tools.definitions());
+            }
+            messages.to_vec()
+        }
+        None => fallback_messages(messages, tools),
+    };
+    let syntax = tools.map(|_| template.unwrap_or(Syntax::Hermes));
+    let grammar = match (tools, syntax) {
+        (Some(tools), Some(syntax)) if tools.forced() => Some(forced_call_grammar(tools, syntax)),
+        _ => None,
+    };
+    ToolChat {
+        messages,
+        kwargs,
+        syntax,
+        grammar,
+    }
+}
+
+/// OpenAI's `tool_calls` of one reply: `[{id, type: "function", function: {name, arguments}}]`
+/// (`arguments` the JSON text the model wrote), with `index` where `indexed` (stream deltas);
+/// the ids are new, `call_` and 24 letters and digits as OpenAI's.
+pub fn openai_tool_calls(calls: &[ToolCall], indexed: bool) -> Value {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(index, call)| {
+            let mut value = json!({
+                "id": new_call_id(),
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            });
+            if indexed {
+                value["index"] = json!(index);
+            }
+            value
+        })
+        .collect()
+}
+
+/// A new call id: `call_` and 24 letters and digits, unique within the process.
+pub fn new_call_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    #[cfg(not(target_arch = "wasm32"))]
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    // (wasm32-unknown-unknown has no clock in std: the counter alone.)
+    #[cfg(target_arch = "wasm32")]
+    let nanos = 0x5eed_u64;
+    // splitmix64 over the time and a counter: unique within the process, unlikely to repeat.
+    let mut state = nanos
+        ^ NEXT
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut id = String::from("call_");
+    for _ in 0..24 {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        id.push(ALPHABET[(z % ALPHABET.len() as u64) as usize] as char);
+    }
+    id
 }
 
 #[cfg(test)]
@@ -780,12 +940,7 @@ mod tests {
         ];
         for (tools, choice, param) in cases {
             let err = parse_tools(Some(&tools), choice.as_ref()).unwrap_err();
-            assert_eq!(
-                err.param.as_deref(),
-                Some(param),
-                "{tools} {choice:?}: {}",
-                err.message
-            );
+            assert_eq!(err.param, param, "{tools} {choice:?}: {}", err.message);
         }
         assert_eq!(parse_tools(Some(&ok), Some(&json!("none"))).unwrap(), None);
         assert_eq!(parse_tools(Some(&json!([])), None).unwrap(), None);
