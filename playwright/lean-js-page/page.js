@@ -167,6 +167,32 @@ window.leanJs = {
   },
 
   /**
+   * Tool calls (tests/lean-js.spec.js): `messages` with `tools` and `tool_choice` (greedy, at most
+   * `maxTokens`) through chat.completions, whole and streamed: the calls (without their ids,
+   * which are new each time), the content and the finish reason; and the ids through engine.chat.
+   */
+  async toolCall({ messages, tools, toolChoice, maxTokens }) {
+    const request = { messages, tools, tool_choice: toolChoice, max_tokens: maxTokens, temperature: 0 };
+    const strip = (calls) => calls?.map(({ index, type, function: f }) => ({ ...(index === undefined ? {} : { index }), type, function: f }));
+    const ms = {};
+    let t = performance.now();
+    const { choices: [choice] } = await engine.chat.completions.create(request);
+    const whole = { content: choice.message.content, toolCalls: strip(choice.message.tool_calls), finishReason: choice.finish_reason };
+    const ids = choice.message.tool_calls?.map((c) => c.id);
+    ms.whole = Math.round(performance.now() - t);
+    t = performance.now();
+    const streamed = { content: "", toolCalls: [], finishReason: null };
+    for await (const chunk of await engine.chat.completions.create({ ...request, stream: true })) {
+      const delta = chunk.choices[0]?.delta ?? {};
+      streamed.content += delta.content ?? "";
+      streamed.toolCalls.push(...(strip(delta.tool_calls) ?? []));
+      streamed.finishReason = chunk.choices[0]?.finish_reason ?? streamed.finishReason;
+    }
+    ms.streamed = Math.round(performance.now() - t);
+    return { whole, ids, streamed, ms };
+  },
+
+  /**
    * scripts/bench-chat.sh's browser run: a conversation of `questions`, `genTokens` greedy tokens
    * a turn (end of turn ignored); with `reuse` false the cache is reset before each turn. Per
    * turn: prompt and cached tokens, time to first token, decode tok/s.

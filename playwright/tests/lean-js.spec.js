@@ -15,6 +15,10 @@
 //   (fixtures/constraint, scripts/gen_constraint_fixtures.py), which parses and validates; a
 //   schema the constraint library rejects is a ConstraintError and the engine goes on; max_tokens
 //   reached first is finish_reason "length"; on simd, threads and (Firefox) webgpu;
+// - tool calls: a call forced by tool_choice through chat.completions (whole and streamed) gives
+//   exactly lean-cli's native call (fixtures/tools, scripts/gen_tool_fixtures.py; SmolLM2's
+//   template takes no tools: lean's fallback), its syntax never streamed as content; on simd
+//   and threads;
 // Model: smollm2-135m-instruct-q4_0, case chat_short of its fixture (fixtures/hf). Needs
 // `npm run build -w lean-js` (scripts/test-browser.sh does it) and $LEAN_MODELS (default
 // models/); a missing model skips, or fails when $CI is set.
@@ -30,6 +34,7 @@ const fixture = JSON.parse(readFileSync(join(repo, "fixtures", "hf", `${modelNam
 const chatShort = fixture.cases.find((c) => c.name === "chat_short");
 const greedy = chatShort.greedy_ids;
 const constraintFixture = JSON.parse(readFileSync(join(repo, "fixtures", "constraint", `${modelName}.json`), "utf8"));
+const toolFixture = JSON.parse(readFileSync(join(repo, "fixtures", "tools", `${modelName}.json`), "utf8"));
 const threads = 2;
 /** Tokens a stopped generation may make after the stop (each is one wasm call in the worker). */
 const slack = 3;
@@ -321,3 +326,21 @@ test("webgpu: a JSON-schema-constrained chat gives lean-cli's output; a rejected
   }
   await checkConstrained(page, "webgpu", "country", { fast: true });
 });
+
+for (const backend of ["simd", "threads"]) {
+  test(`${backend}: a forced tool call through chat.completions gives lean-cli's call, whole and streamed`, async ({ page }) => {
+    requireFiles();
+    const c = toolFixture.cases.find((k) => k.name === "forced");
+    await openPage(page);
+    expect(await call(page, "load", { model: modelUrls, backend, threads, cache: false })).toMatchObject({ backend, warnings: [] });
+    const toolChoice = { type: "function", function: { name: c.tool_choice } };
+    const r = await call(page, "toolCall", { messages: c.messages, tools: toolFixture.tools, toolChoice, maxTokens: c.max_tokens });
+    expect(r.whole).toEqual({ content: c.content, toolCalls: c.tool_calls, finishReason: "tool_calls" });
+    expect(r.ids).toEqual([expect.stringMatching(/^call_[A-Za-z0-9]{24}$/)]);
+    expect(r.streamed).toEqual({ content: c.content ?? "", toolCalls: c.tool_calls.map((k, index) => ({ index, ...k })), finishReason: "tool_calls" });
+    const parameters = toolFixture.tools.find((t) => t.function.name === c.tool_choice).function.parameters;
+    expect(schemaErrors(parameters, JSON.parse(r.whole.toolCalls[0].function.arguments))).toEqual([]);
+    console.log(`${test.info().project.name} ${backend}: forced tool call, whole ${r.ms.whole} ms, streamed ${r.ms.streamed} ms`);
+    await call(page, "dispose");
+  });
+}

@@ -8,6 +8,7 @@ import type {
   Backend,
   CacheInfo,
   ChatMessage,
+  ChatTurn,
   GenerateParams,
   GenerationResult,
   LoadProgress,
@@ -119,20 +120,59 @@ function raceAbort<T>(promise: Promise<T>, signal: AbortSignal | undefined): Pro
   });
 }
 
-function toWirePrompt(prompt: string | readonly ChatMessage[]): WirePrompt {
+function toWirePrompt(prompt: string | readonly ChatTurn[]): WirePrompt {
   if (typeof prompt === "string") return { raw: prompt };
   if (!Array.isArray(prompt)) {
     throw new TypeError("the prompt must be a string or an array of {role, content} messages");
   }
-  prompt.forEach((m: unknown, i) => {
-    const message = m as Partial<ChatMessage> | null;
-    if (typeof message?.role !== "string" || typeof message.content !== "string") {
+  // Only the known fields cross: extra ones would fail the worker's structured clone or JSON.
+  return { messages: prompt.map((m: unknown, i) => wireMessage(m, i)) };
+}
+
+/** A message as the worker takes it: `{role, content}`, with an assistant's `tool_calls` or a tool result's `tool_call_id`/`name`. */
+function wireMessage(m: unknown, i: number): ChatTurn {
+  const message = (typeof m === "object" && m !== null ? m : {}) as Record<string, unknown>;
+  const { role, content } = message;
+  const calls = message.tool_calls;
+  if (calls === undefined || calls === null) {
+    if (typeof role !== "string" || typeof content !== "string") {
       throw new TypeError(`message ${i} must be {role: string, content: string}`);
     }
+    const out: ChatMessage = { role, content };
+    for (const key of ["tool_call_id", "name"] as const) {
+      const value = message[key];
+      if (value === undefined || value === null) continue;
+      if (typeof value !== "string") throw new TypeError(`message ${i}: ${key} must be a string`);
+      out[key] = value;
+    }
+    return out;
+  }
+  if (role !== "assistant" || !Array.isArray(calls)) {
+    throw new TypeError(`message ${i}: tool_calls must be an array, on an assistant message`);
+  }
+  if (content !== undefined && content !== null && typeof content !== "string") {
+    throw new TypeError(`message ${i}: content must be a string or null`);
+  }
+  const toolCalls = calls.map((call: unknown, j) => {
+    const c = (typeof call === "object" && call !== null ? call : {}) as Record<string, unknown>;
+    const fn = (typeof c.function === "object" && c.function !== null ? c.function : {}) as Record<string, unknown>;
+    const args = fn.arguments;
+    if (typeof fn.name !== "string" || (args !== undefined && typeof args !== "string" && (typeof args !== "object" || args === null))) {
+      throw new TypeError(`message ${i}: tool_calls[${j}] must be { id, type: "function", function: { name, arguments } }`);
+    }
+    if (c.id !== undefined && c.id !== null && typeof c.id !== "string") throw new TypeError(`message ${i}: tool_calls[${j}].id must be a string`);
+    const argumentsText = typeof args === "string" ? args : JSON.stringify(args ?? {});
+    return {
+      ...(typeof c.id === "string" ? { id: c.id } : {}),
+      type: "function" as const,
+      function: { name: fn.name, arguments: argumentsText },
+    } as ToolCallWire;
   });
-  // Only role and content cross: extra fields would fail the worker's structured clone or JSON.
-  return { messages: prompt.map(({ role, content }) => ({ role, content })) };
+  return { role: "assistant", content: (content as string | null | undefined) ?? null, tool_calls: toolCalls };
 }
+
+/** A call as it crosses to the worker (an id is optional there). */
+type ToolCallWire = Extract<ChatTurn, { tool_calls: unknown }>["tool_calls"][number];
 
 export class Engine {
   /** The backend that runs the model. */
@@ -144,7 +184,7 @@ export class Engine {
    * `generate` with a conversation, through the model's chat template; and
    * `chat.completions.create`, OpenAI's chat completions on this engine (openai.ts).
    */
-  readonly chat: ((messages: readonly ChatMessage[], options?: GenerateOptions) => TokenStream) & {
+  readonly chat: ((messages: readonly ChatTurn[], options?: GenerateOptions) => TokenStream) & {
     completions: ChatCompletions;
   };
   readonly #worker: WorkerLike;
@@ -161,7 +201,7 @@ export class Engine {
     this.backend = loaded.backend;
     this.backendReason = loaded.backendReason;
     this.info = loaded.info;
-    const chat = (messages: readonly ChatMessage[], options: GenerateOptions = {}) => {
+    const chat = (messages: readonly ChatTurn[], options: GenerateOptions = {}) => {
       if (!Array.isArray(messages)) throw new TypeError("chat() takes an array of {role, content} messages");
       return this.generate(messages, options);
     };
@@ -285,10 +325,13 @@ export class Engine {
    * Generates from a raw prompt (a string, tokenized as is) or a conversation (rendered with the
    * model's chat template). Tokens stream as `{text, tokenId}`.
    */
-  generate(prompt: string | readonly ChatMessage[], options: GenerateOptions = {}): TokenStream {
+  generate(prompt: string | readonly ChatTurn[], options: GenerateOptions = {}): TokenStream {
     const { signal, ...params } = options;
     const wirePrompt = toWirePrompt(prompt);
-    toEngineOptions(params); // refuse bad options now, not when the generation's turn comes
+    const engineOptions = toEngineOptions(params); // refuse bad options now, not when the generation's turn comes
+    if ("raw" in wirePrompt && engineOptions.tools !== undefined) {
+      throw leanError(ErrorName.Tool, "tools apply to a chat (engine.chat, or generate with messages), not to a raw prompt");
+    }
     const id = this.#nextId++;
     const items = new AsyncQueue<StreamItem>();
     const result = deferred<GenerationResult>();
@@ -388,9 +431,15 @@ export class Engine {
    * prompt, how many of the prompt's tokens the next generation would take from it. Waits for
    * the generations queued before it.
    */
-  async cacheInfo(prompt?: string | readonly ChatMessage[]): Promise<CacheInfo> {
+  async cacheInfo(prompt?: string | readonly ChatTurn[], tools?: Pick<GenerateParams, "tools" | "toolChoice">): Promise<CacheInfo> {
     const wirePrompt = prompt === undefined ? null : toWirePrompt(prompt);
-    const reply = await this.#afterQueued({ type: "cacheInfo", id: this.#nextId++, prompt: wirePrompt });
+    const params: GenerateParams = {};
+    if (tools?.tools) params.tools = tools.tools;
+    if (tools?.toolChoice) params.toolChoice = tools.toolChoice;
+    toEngineOptions(params);
+    const request: Extract<Request, { type: "cacheInfo" }> = { type: "cacheInfo", id: this.#nextId++, prompt: wirePrompt };
+    if (Object.keys(params).length > 0) request.params = params;
+    const reply = await this.#afterQueued(request);
     if (reply.type !== "cacheInfo") throw new Error(`unexpected reply ${reply.type} to cacheInfo`);
     this.info.cachedTokens = reply.info.cachedTokens;
     return reply.info;

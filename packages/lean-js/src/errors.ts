@@ -20,6 +20,13 @@ export const ErrorName = {
    * generated and the engine stays usable.
    */
   Constraint: "ConstraintError",
+  /**
+   * `tools`/`toolChoice` (or a chat's tool messages) that cannot be used: not a function tool, a
+   * bad name, a `toolChoice` naming no tool, a function's parameters schema the constraint
+   * library rejects. The message names the field. Nothing was generated and the engine stays
+   * usable.
+   */
+  Tool: "ToolError",
 } as const;
 
 /** How an error crosses the worker boundary. */

@@ -26,7 +26,11 @@ export type {
   ChatCompletionCreateParamsNonStreaming,
   ChatCompletionCreateParamsStreaming,
   ChatCompletionFinishReason,
+  ChatCompletionChunkToolCall,
   ChatCompletionMessageParam,
+  ChatCompletionMessageToolCall,
+  ChatCompletionTool,
+  ChatCompletionToolChoiceOption,
   CompletionUsage,
   LeanCompletionExtras,
 } from "./openai.js";
@@ -42,6 +46,7 @@ export type {
   BackendChoice,
   CacheInfo,
   ChatMessage,
+  ChatTurn,
   FinishReason,
   GenerateParams,
   GenerationResult,
@@ -52,6 +57,10 @@ export type {
   LoadProgress,
   ModelInfo,
   Token,
+  Tool,
+  ToolCall,
+  ToolCallMessage,
+  ToolChoice,
 } from "./protocol.js";
 
 /** A model file: a URL (absolute, or relative to the page), a File/Blob, or its bytes. */

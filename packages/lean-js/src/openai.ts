@@ -4,11 +4,14 @@
  * an async iterable of `ChatCompletionChunk`s, with OpenAI's field names and finish reasons, so
  * that code written for OpenAI's or WebLLM's chat completions runs with few changes. It is a
  * layer over `engine.chat`: the KV cache carried across turns is reused the same way, and
- * `usage.prompt_tokens_details.cached_tokens` says how much of the prompt came from it.
+ * `usage.prompt_tokens_details.cached_tokens` says how much of the prompt came from it. With
+ * `tools` the reply's calls come back as `message.tool_calls` (streamed: one `delta.tool_calls`
+ * chunk) with finish_reason "tool_calls"; tool results go back as `role: "tool"` messages.
  */
 import type { Engine, GenerateOptions } from "./engine.js";
-import type { ChatMessage, FinishReason, GenerationResult, ResponseFormat } from "./protocol.js";
-import { toEngineConstraint } from "./protocol.js";
+import type { ChatTurn, FinishReason, GenerationResult, ResponseFormat, Tool, ToolCall, ToolChoice } from "./protocol.js";
+import { ErrorName, leanError } from "./errors.js";
+import { toEngineConstraint, toEngineTools } from "./protocol.js";
 
 /** A text part of a message's content (images and audio are not supported). */
 export interface ChatCompletionContentPartText {
@@ -17,9 +20,25 @@ export interface ChatCompletionContentPartText {
 }
 
 export interface ChatCompletionMessageParam {
-  role: "system" | "developer" | "user" | "assistant" | (string & {});
-  content: string | ChatCompletionContentPartText[];
+  role: "system" | "developer" | "user" | "assistant" | "tool" | (string & {});
+  /** null only on an assistant message with `tool_calls`. */
+  content: string | ChatCompletionContentPartText[] | null;
   name?: string;
+  /** An assistant's calls, as a reply returned them (`arguments` a JSON text). */
+  tool_calls?: ChatCompletionMessageToolCall[] | null;
+  /** A tool result (role "tool"): the id of the call it answers. */
+  tool_call_id?: string;
+}
+
+/** OpenAI's function tool (`tools`). */
+export type ChatCompletionTool = Tool;
+/** OpenAI's `tool_choice`. */
+export type ChatCompletionToolChoiceOption = ToolChoice;
+/** A call in a reply's `message.tool_calls`. */
+export type ChatCompletionMessageToolCall = ToolCall;
+/** A call in a stream chunk's `delta.tool_calls` (whole: lean sends each call in one chunk). */
+export interface ChatCompletionChunkToolCall extends ToolCall {
+  index: number;
 }
 
 export interface ChatCompletionCreateParamsBase {
@@ -51,6 +70,19 @@ export interface ChatCompletionCreateParamsBase {
    * schema the constraint library rejects throws a `ConstraintError` naming the problem.
    */
   response_format?: ResponseFormat | null;
+  /**
+   * Functions the model may call: rendered through the model's chat template, or (a template
+   * without tools, as SmolLM2's) described in the system message with the Hermes `<tool_call>`
+   * syntax. A call comes back in `message.tool_calls` with finish_reason "tool_calls"; its
+   * syntax is never streamed as content. A bad tool throws a `ToolError`.
+   */
+  tools?: ChatCompletionTool[] | null;
+  /**
+   * "auto" (default), "none", "required" or `{ type: "function", function: { name } }`: the last
+   * two force exactly one call, its arguments constrained to the function's schema (not with
+   * `response_format` or `prediction`); max_tokens reached first is finish_reason "length", no call.
+   */
+  tool_choice?: ChatCompletionToolChoiceOption | null;
   /** Aborting stops the generation within one token; the call (or the iterator) throws the reason. */
   signal?: AbortSignal;
 }
@@ -65,7 +97,7 @@ export interface ChatCompletionCreateParamsStreaming extends ChatCompletionCreat
 
 export type ChatCompletionCreateParams = ChatCompletionCreateParamsNonStreaming | ChatCompletionCreateParamsStreaming;
 
-export type ChatCompletionFinishReason = "stop" | "length";
+export type ChatCompletionFinishReason = "stop" | "length" | "tool_calls";
 
 export interface CompletionUsage {
   prompt_tokens: number;
@@ -91,7 +123,8 @@ export interface ChatCompletion {
   system_fingerprint: null;
   choices: {
     index: number;
-    message: { role: "assistant"; content: string; refusal: null };
+    /** `content`: null when the reply is only tool calls. */
+    message: { role: "assistant"; content: string | null; refusal: null; tool_calls?: ChatCompletionMessageToolCall[] };
     finish_reason: ChatCompletionFinishReason;
     logprobs: null;
   }[];
@@ -107,7 +140,7 @@ export interface ChatCompletionChunk {
   system_fingerprint: null;
   choices: {
     index: number;
-    delta: { role?: "assistant"; content?: string };
+    delta: { role?: "assistant"; content?: string; tool_calls?: ChatCompletionChunkToolCall[] };
     finish_reason: ChatCompletionFinishReason | null;
     logprobs: null;
   }[];
@@ -120,8 +153,6 @@ export interface ChatCompletionChunk {
 const UNSUPPORTED: Record<string, (value: unknown) => boolean> = {
   logprobs: (v) => v === true,
   top_logprobs: (v) => v !== 0,
-  tools: (v) => Array.isArray(v) && v.length > 0,
-  tool_choice: (v) => v !== "none",
   functions: () => true,
   function_call: (v) => v !== "none",
   logit_bias: (v) => typeof v === "object" && Object.keys(v as object).length > 0,
@@ -131,21 +162,39 @@ const UNSUPPORTED: Record<string, (value: unknown) => boolean> = {
   audio: () => true,
 };
 
-function messageText(message: ChatCompletionMessageParam, i: number): ChatMessage {
-  const { role, content } = message ?? ({} as ChatCompletionMessageParam);
-  if (typeof role !== "string") throw new TypeError(`messages[${i}].role must be a string`);
-  if (typeof content === "string") return { role: role === "developer" ? "system" : role, content };
-  if (!Array.isArray(content)) throw new TypeError(`messages[${i}].content must be a string or an array of text parts`);
-  const texts = content.map((part, j) => {
-    if (part?.type !== "text" || typeof part.text !== "string") {
-      throw new TypeError(`messages[${i}].content[${j}]: only text parts are supported, got type ${String(part?.type)}`);
-    }
-    return part.text;
-  });
-  return { role: role === "developer" ? "system" : role, content: texts.join("\n") };
+function messageText(message: ChatCompletionMessageParam, i: number): ChatTurn {
+  const { role: given, content, tool_calls: calls, tool_call_id: callId } = message ?? ({} as ChatCompletionMessageParam);
+  if (typeof given !== "string") throw new TypeError(`messages[${i}].role must be a string`);
+  const role = given === "developer" ? "system" : given;
+  let text: string | null;
+  if (typeof content === "string") text = content;
+  else if ((content === null || content === undefined) && Array.isArray(calls) && calls.length > 0) text = null;
+  else if (!Array.isArray(content)) throw new TypeError(`messages[${i}].content must be a string or an array of text parts`);
+  else {
+    text = content
+      .map((part, j) => {
+        if (part?.type !== "text" || typeof part.text !== "string") {
+          throw new TypeError(`messages[${i}].content[${j}]: only text parts are supported, got type ${String(part?.type)}`);
+        }
+        return part.text;
+      })
+      .join("\n");
+  }
+  if (Array.isArray(calls) && calls.length > 0) {
+    if (role !== "assistant") throw new TypeError(`messages[${i}] has tool_calls but role '${role}': only an assistant calls tools`);
+    return { role: "assistant", content: text, tool_calls: calls };
+  }
+  if (calls !== undefined && calls !== null && !Array.isArray(calls)) throw new TypeError(`messages[${i}].tool_calls must be an array`);
+  return {
+    role,
+    content: text ?? "",
+    ...(callId === undefined || callId === null ? {} : { tool_call_id: callId }),
+    ...(role === "tool" && typeof message.name === "string" ? { name: message.name } : {}),
+  };
 }
 
-const finishReason = (reason: FinishReason): ChatCompletionFinishReason => (reason === "stop" ? "stop" : "length");
+const finishReason = (reason: FinishReason): ChatCompletionFinishReason =>
+  reason === "stop" || reason === "tool_calls" ? reason : "length";
 
 function usage(result: GenerationResult): CompletionUsage {
   return {
@@ -196,8 +245,6 @@ export class ChatCompletions {
       throw new TypeError(`max_tokens must be a whole number ≥ 1, got ${String(maxTokens)}`);
     }
     const stop = params.stop === undefined || params.stop === null ? undefined : [params.stop].flat();
-    let dropped = 0;
-    if (params.truncation === "auto") ({ messages, dropped } = await this.#fit(messages, maxTokens ?? 1));
     let prediction: string | undefined;
     if (params.prediction !== undefined && params.prediction !== null) {
       const { type, content } = params.prediction;
@@ -209,6 +256,14 @@ export class ChatCompletions {
     }
     const format = params.response_format ?? undefined;
     const constrained = toEngineConstraint(format, "response_format") !== null;
+    const tools = toEngineTools(params.tools, params.tool_choice, { tools: "tools", toolChoice: "tool_choice" });
+    if (tools?.forced && (constrained || prediction !== undefined)) {
+      throw leanError(
+        ErrorName.Tool,
+        `a required tool call (tool_choice "required" or a function) does not combine with ${constrained ? "response_format" : "prediction"}`,
+      );
+    }
+    const toolOptions = tools === null ? {} : { tools: params.tools!, ...(params.tool_choice ? { toolChoice: params.tool_choice } : {}) };
     const options: GenerateOptions = {
       // Without max_tokens, as OpenAI: until the end of turn or of the context.
       maxTokens: maxTokens ?? this.#engine.info.contextLength,
@@ -219,7 +274,10 @@ export class ChatCompletions {
       ...(params.signal ? { signal: params.signal } : {}),
       ...(prediction !== undefined ? { speculative: { prediction } } : {}),
       ...(constrained ? { responseFormat: format } : {}),
+      ...toolOptions,
     };
+    let dropped = 0;
+    if (params.truncation === "auto") ({ messages, dropped } = await this.#fit(messages, maxTokens ?? 1, toolOptions));
     const stream = this.#engine.chat(messages, options);
     const head = {
       id: completionId(),
@@ -231,13 +289,16 @@ export class ChatCompletions {
     if (!params.stream) {
       for await (const token of stream) void token;
       const result = await stream.result;
+      const calls = result.toolCalls;
+      // With calls, the content is the text around them (trimmed, as lean-cli serve's), or null.
+      const content = calls ? result.text.trim() || null : result.text;
       return {
         ...head,
         object: "chat.completion",
         choices: [
           {
             index: 0,
-            message: { role: "assistant", content: result.text, refusal: null },
+            message: { role: "assistant", content, refusal: null, ...(calls ? { tool_calls: calls } : {}) },
             finish_reason: finishReason(result.finishReason),
             logprobs: null,
           },
@@ -262,6 +323,7 @@ export class ChatCompletions {
         yield { ...chunk({ role: "assistant", content: "" }, null), lean };
         for await (const { text } of stream) if (text) yield chunk({ content: text }, null);
         const result = await stream.result;
+        if (result.toolCalls) yield chunk({ tool_calls: result.toolCalls.map((call, index) => ({ index, ...call })) }, null);
         yield chunk({}, finishReason(result.finishReason));
         if (includeUsage) yield { ...head, object: "chat.completion.chunk", choices: [], usage: usage(result) };
       } finally {
@@ -272,11 +334,15 @@ export class ChatCompletions {
   }
 
   /** `messages` without the oldest turns after the system messages, until the prompt and `reserve` tokens fit the context. */
-  async #fit(messages: ChatMessage[], reserve: number): Promise<{ messages: ChatMessage[]; dropped: number }> {
+  async #fit(
+    messages: ChatTurn[],
+    reserve: number,
+    tools: Pick<GenerateOptions, "tools" | "toolChoice">,
+  ): Promise<{ messages: ChatTurn[]; dropped: number }> {
     const context = this.#engine.info.contextLength;
     let kept = messages;
     for (;;) {
-      const { promptTokens = 0 } = await this.#engine.cacheInfo(kept);
+      const { promptTokens = 0 } = await this.#engine.cacheInfo(kept, tools);
       if (promptTokens + reserve <= context) return { messages: kept, dropped: messages.length - kept.length };
       const first = kept.findIndex((m) => m.role !== "system");
       // The last message is the one being answered: it stays.
@@ -286,8 +352,10 @@ export class ChatCompletions {
             "even with every earlier turn dropped",
         );
       }
-      // A whole turn: a user message and the assistant's answer after it.
-      const end = kept[first + 1]?.role === "assistant" && first + 1 < kept.length - 1 ? first + 2 : first + 1;
+      // A whole turn: its first message and the replies (answers, tool calls and results) up to
+      // the next user message, as lean-cli serve drops them.
+      let end = first + 1;
+      while (end < kept.length - 1 && kept[end]!.role !== "user") end++;
       kept = [...kept.slice(0, first), ...kept.slice(end)];
     }
   }

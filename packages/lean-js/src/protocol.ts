@@ -4,15 +4,63 @@
  * request it belongs to. Errors cross as `{name, message}` (errors.ts).
  */
 import type { WireError } from "./errors.js";
+import { ErrorName, leanError } from "./errors.js";
 
 /** Where the model runs: WebGPU, WebAssembly with threads, or single-thread WebAssembly SIMD. */
 export type Backend = "webgpu" | "threads" | "simd";
 export type BackendChoice = Backend | "auto";
 
 export interface ChatMessage {
-  role: "system" | "user" | "assistant" | (string & {});
+  role: "system" | "user" | "assistant" | "tool" | (string & {});
   content: string;
+  /** A tool result (role "tool"): the id of the call it answers. */
+  tool_call_id?: string;
+  /** A tool result: the function's name (some templates print it). */
+  name?: string;
 }
+
+/** A call the model made to one of the request's tools (OpenAI's shape). */
+export interface ToolCall {
+  /** `call_` and 24 letters and digits, new for each call. */
+  id: string;
+  type: "function";
+  function: {
+    name: string;
+    /** The arguments as the model wrote them: a JSON object's text, valid under the function's schema for a forced call. */
+    arguments: string;
+  };
+}
+
+/** An assistant turn that called tools (as a reply returned it): `content` is the text around the calls, or null. */
+export interface ToolCallMessage {
+  role: "assistant";
+  content: string | null;
+  tool_calls: ToolCall[];
+}
+
+/** A message of a conversation: text, an assistant's tool calls, or a tool's result (`role: "tool"`, `tool_call_id`). */
+export type ChatTurn = ChatMessage | ToolCallMessage;
+
+/** A function the model may call (OpenAI's function tool). */
+export interface Tool {
+  type: "function";
+  function: {
+    /** 1 to 64 letters, digits, `_` or `-`. */
+    name: string;
+    description?: string;
+    /** The arguments' JSON schema (default: an object with no declared properties). */
+    parameters?: JsonSchema;
+    /** Accepted for OpenAI compatibility: a forced call's arguments always follow the schema. */
+    strict?: boolean | null;
+  };
+}
+
+/**
+ * Whether and which tool the model calls: "auto" (the model decides; the default), "none" (the
+ * tools are not shown), "required" (exactly one call, to any tool) or one named function (exactly
+ * one call to it). A forced call is constrained to the function's parameters schema.
+ */
+export type ToolChoice = "auto" | "none" | "required" | { type: "function"; function: { name: string } };
 
 /** One generated token: its id and the text it completes (may be empty, e.g. half a character). */
 export interface Token {
@@ -63,6 +111,21 @@ export interface GenerateParams {
    * problem; the engine stays usable. Not with `speculative`.
    */
   responseFormat?: ResponseFormat;
+  /**
+   * Tool calls (a chat only): the functions the model may call, rendered through the model's
+   * chat template (Qwen2.5, Qwen3, Llama 3.x) or, for a template without tools (SmolLM2's),
+   * described in the system message with the Hermes `<tool_call>` syntax. A call the model writes
+   * comes back in `result.toolCalls` (finishReason "tool_calls") and its text is not streamed.
+   * Feed it back as the assistant's `{ role: "assistant", content, tool_calls }` and each result as
+   * `{ role: "tool", content, tool_call_id }`. Bad tools or `toolChoice` throw a `ToolError`.
+   */
+  tools?: Tool[];
+  /**
+   * Default "auto". "required" or a named function forces exactly one call whose arguments
+   * follow the function's schema (constrained decoding: not with `responseFormat` or
+   * `speculative`); cut off by `maxTokens` it is no call (finishReason "length").
+   */
+  toolChoice?: ToolChoice;
 }
 
 /** A JSON schema, as a plain object (or `true`/`false`). */
@@ -87,7 +150,7 @@ export type ResponseFormat =
   | { type: "regex"; pattern: string }
   | { type: "grammar"; lark: string };
 
-export type FinishReason = "stop" | "length" | "context_full" | "cancelled";
+export type FinishReason = "stop" | "length" | "context_full" | "cancelled" | "tool_calls";
 
 export interface GenerationResult {
   /** The text streamed out, cut before a matched stop string. */
@@ -112,6 +175,11 @@ export interface GenerationResult {
   decodeTokensPerSecond: number;
   /** Speculative decoding's batched passes and guesses (zeros without it). */
   speculation: { verifications: number; draftedTokens: number; acceptedTokens: number };
+  /**
+   * With `tools`: the calls the reply made (finishReason "tool_calls"); `text` is then the text
+   * around them (often empty). Absent when it made none.
+   */
+  toolCalls?: ToolCall[];
 }
 
 export interface ModelInfo {
@@ -178,7 +246,7 @@ export interface WireModel {
   chatTemplate: WireFile | null;
 }
 
-export type WirePrompt = { raw: string } | { messages: ChatMessage[] };
+export type WirePrompt = { raw: string } | { messages: ChatTurn[] };
 
 export interface LoadRequest {
   type: "load";
@@ -208,7 +276,8 @@ export type Request =
   /** Stops the generation `id` (a no-op when it already ended). */
   | { type: "cancel"; id: number }
   | { type: "tokenize"; id: number; text: string }
-  | { type: "cacheInfo"; id: number; prompt: WirePrompt | null }
+  /** `params`: a chat's tools, counted in the prompt. */
+  | { type: "cacheInfo"; id: number; prompt: WirePrompt | null; params?: GenerateParams }
   /** Forgets the KV cache (the next generation prefills its whole prompt). */
   | { type: "resetCache"; id: number };
 
@@ -248,6 +317,8 @@ const PARAM_NAMES: ReadonlySet<string> = new Set<keyof GenerateParams>([
   "stopTokenIds",
   "speculative",
   "responseFormat",
+  "tools",
+  "toolChoice",
 ]);
 
 const RESPONSE_FORMAT_KEYS: Record<string, readonly string[]> = {
@@ -328,6 +399,82 @@ export function toEngineConstraint(format: ResponseFormat | undefined | null, na
   throw new TypeError(`${name}.type must be one of ${types}`);
 }
 
+const TOOL_NAME = /^[a-zA-Z0-9_-]{1,64}$/;
+
+/**
+ * The wasm engine's `tools` and `tool_choice` options (null: no tools), checked as lean checks
+ * them (rust/lean/src/tools.rs `parse_tools`): a `ToolError` names the field. `names` are the
+ * fields as the caller spells them (`tools`/`toolChoice`, or OpenAI's `tool_choice`). `forced`:
+ * the reply must be a call (constrained decoding).
+ */
+export function toEngineTools(
+  tools: readonly Tool[] | undefined | null,
+  toolChoice: ToolChoice | undefined | null,
+  names: { tools: string; toolChoice: string } = { tools: "tools", toolChoice: "toolChoice" },
+): { tools: unknown[]; tool_choice?: unknown; forced: boolean } | null {
+  const fail = (message: string) => leanError(ErrorName.Tool, message);
+  const n = names.tools;
+  const c = names.toolChoice;
+  if (tools !== undefined && tools !== null && !Array.isArray(tools)) {
+    throw fail(`${n} must be an array of { type: "function", function: { name, description?, parameters? } }`);
+  }
+  const list = tools ?? [];
+  const seen = new Set<string>();
+  const wire = list.map((tool: unknown, i) => {
+    if (!isPlainObject(tool)) throw fail(`${n}[${i}] must be an object`);
+    if (tool.type !== "function") {
+      throw fail(`${n}[${i}] has type ${JSON.stringify(tool.type)}: lean takes "function" tools only`);
+    }
+    const fn = tool.function;
+    if (!isPlainObject(fn)) throw fail(`${n}[${i}].function must be an object with a 'name'`);
+    if (typeof fn.name !== "string" || !TOOL_NAME.test(fn.name)) {
+      throw fail(`${n}[${i}].function.name must be 1 to 64 letters, digits, '_' or '-', got ${JSON.stringify(fn.name)}`);
+    }
+    if (seen.has(fn.name)) throw fail(`${n}[${i}]: the function name '${fn.name}' is given twice`);
+    seen.add(fn.name);
+    if (fn.description !== undefined && fn.description !== null && typeof fn.description !== "string") {
+      throw fail(`${n}[${i}].function.description must be a string`);
+    }
+    const parameters = fn.parameters;
+    if (parameters !== undefined && parameters !== null && !isPlainObject(parameters)) {
+      throw fail(`${n}[${i}].function.parameters must be a JSON schema object, got ${JSON.stringify(parameters)}`);
+    }
+    try {
+      return JSON.parse(JSON.stringify(tool)) as unknown;
+    } catch (e) {
+      throw fail(`${n}[${i}] is not JSON: ${(e as Error).message}`);
+    }
+  });
+  let choice: unknown;
+  let forced = false;
+  if (toolChoice === undefined || toolChoice === null) {
+    choice = undefined;
+  } else if (typeof toolChoice === "string") {
+    if (!["auto", "none", "required"].includes(toolChoice)) {
+      throw fail(`${c} must be "auto", "none", "required" or { type: "function", function: { name } }, got "${toolChoice}"`);
+    }
+    if (toolChoice === "none") return null;
+    choice = toolChoice;
+    forced = toolChoice === "required";
+  } else if (isPlainObject(toolChoice)) {
+    const fn = (toolChoice as { function?: unknown }).function;
+    const name = isPlainObject(fn) ? fn.name : undefined;
+    if (toolChoice.type !== "function" || typeof name !== "string") {
+      throw fail(`${c} as an object must be { type: "function", function: { name } }`);
+    }
+    if (!seen.has(name)) throw fail(`${c} names the function '${name}', which is not among ${n}`);
+    choice = { type: "function", function: { name } };
+    forced = true;
+  } else {
+    throw fail(`${c} must be a string or an object, got ${JSON.stringify(toolChoice)}`);
+  }
+  if (wire.length === 0) {
+    if (forced) throw fail(`${c} requires ${n} (a call is required, but no function is given)`);
+    return null;
+  }
+  return { tools: wire, ...(choice === undefined ? {} : { tool_choice: choice }), forced };
+}
+
 /**
  * The options JSON of the wasm engine (snake_case), from lean-js's parameters. Unknown names
  * are refused (e.g. `max_tokens` from a Python habit) rather than silently ignored.
@@ -385,6 +532,16 @@ export function toEngineOptions(params: GenerateParams): Record<string, unknown>
   if (constraint !== null && params.speculative !== undefined) {
     throw new TypeError("responseFormat does not combine with speculative decoding (yet): drop one of the two");
   }
+  const tools = toEngineTools(params.tools, params.toolChoice);
+  if (tools?.forced && constraint !== null) {
+    throw leanError(
+      ErrorName.Tool,
+      "a required tool call (toolChoice \"required\" or a function) does not combine with responseFormat: the call's arguments follow the function's schema",
+    );
+  }
+  if (tools?.forced && params.speculative !== undefined) {
+    throw leanError(ErrorName.Tool, "a required tool call does not combine with speculative decoding (yet): drop one of the two");
+  }
   const options: Record<string, unknown> = {
     max_tokens: params.maxTokens,
     temperature: params.temperature,
@@ -397,6 +554,8 @@ export function toEngineOptions(params: GenerateParams): Record<string, unknown>
     lookup,
     prediction,
     constraint: constraint ?? undefined,
+    tools: tools?.tools,
+    tool_choice: tools?.tool_choice,
   };
   for (const key of Object.keys(options)) if (options[key] === undefined) delete options[key];
   return options;

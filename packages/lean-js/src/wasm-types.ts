@@ -12,7 +12,8 @@ export interface WasmEngineHandle {
   cancel(): string | undefined;
   tokenize(text: string): Uint32Array;
   /** `{cache_length, prompt_tokens?, reusable_tokens?}`: the KV cache carried across generations. */
-  cacheInfo(promptJson?: string | null): string;
+  /** `optionsJson`: as `begin`'s, for a chat's `tools`. */
+  cacheInfo(promptJson?: string | null, optionsJson?: string | null): string;
   resetCache(): void;
   free(): void;
 }
@@ -82,12 +83,14 @@ export interface StepJson {
     prompt_ids: number[];
     token_ids: number[];
     text: string;
-    finish_reason: "stop" | "length" | "context_full" | "cancelled";
+    finish_reason: "stop" | "length" | "context_full" | "cancelled" | "tool_calls";
     /** Prompt ids taken from the KV cache of the previous generation. */
     cached_tokens: number;
     /** Ids the KV cache holds after this generation. */
     cache_length: number;
     /** Speculative decoding's passes and guesses (zeros without it). */
     speculation: { verifications: number; drafted_tokens: number; accepted_tokens: number };
+    /** With tools: the calls the reply made (finish_reason "tool_calls"). */
+    tool_calls?: { id: string; type: "function"; function: { name: string; arguments: string } }[];
   } | null;
 }

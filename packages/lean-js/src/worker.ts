@@ -110,7 +110,8 @@ async function handle(request: Exclude<Request, { type: "cancel" }>): Promise<vo
       return;
     case "cacheInfo": {
       if (active) throw new Error(`generation ${active.id} is still running`);
-      const json = loadedEngine().cacheInfo(request.prompt ? JSON.stringify(request.prompt) : null);
+      const options = request.params ? JSON.stringify(toEngineOptions(request.params)) : null;
+      const json = loadedEngine().cacheInfo(request.prompt ? JSON.stringify(request.prompt) : null, options);
       const info = JSON.parse(json) as { cache_length: number; prompt_tokens?: number; reusable_tokens?: number };
       post({
         type: "cacheInfo",
@@ -398,10 +399,31 @@ async function generate(id: number, prompt: WirePrompt, params: GenerateParams):
         acceptedTokens: done.speculation.accepted_tokens,
       },
     };
+    // A stop string cut the reply before any call it held back.
+    if (done.tool_calls && stopString === null) {
+      result.toolCalls = done.tool_calls.map((call) => ({ ...call, id: newCallId() }));
+    }
     post({ type: "done", id, result, cachedTokens: done.cache_length });
   } finally {
     active = null;
   }
+}
+
+/**
+ * A call id as OpenAI's: `call_` and 24 letters and digits. Random here: lean's own ids count up
+ * from the same start in every fresh module (wasm32 has no clock in std), and a conversation
+ * saved in one page load may go on in another.
+ */
+function newCallId(): string {
+  const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  // 248 = 4 × 62: bytes below it map uniformly.
+  let id = "call_";
+  while (id.length < 29) {
+    for (const byte of crypto.getRandomValues(new Uint8Array(32))) {
+      if (byte < 248 && id.length < 29) id += alphabet[byte % 62];
+    }
+  }
+  return id;
 }
 
 /** What a hung pool start looks like from outside: this worker blocks and answers nothing. */

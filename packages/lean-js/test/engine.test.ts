@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 import { Engine, type WorkerLike } from "../src/engine.js";
 import { ErrorName, fromWireError, toWireError } from "../src/errors.js";
 import type { LoadRequest, ModelInfo, Reply, Request } from "../src/protocol.js";
-import { toEngineConstraint, toEngineOptions } from "../src/protocol.js";
+import { toEngineConstraint, toEngineOptions, toEngineTools } from "../src/protocol.js";
 
 const info: ModelInfo = {
   architecture: "llama",
@@ -635,7 +635,7 @@ describe("engine.chat.completions (OpenAI's shape)", () => {
     const create = engine.chat.completions.create.bind(engine.chat.completions);
     await expect(create({ messages, n: 2 })).rejects.toThrow("n must be 1");
     await expect(create({ messages, logprobs: true } as never)).rejects.toThrow("parameter 'logprobs' is not supported");
-    await expect(create({ messages, tools: [{ type: "function" }] } as never)).rejects.toThrow("parameter 'tools'");
+    await expect(create({ messages, functions: [{ name: "f" }] } as never)).rejects.toThrow("parameter 'functions'");
     await expect(create({ messages, presence_penalty: 0.5 } as never)).rejects.toThrow("parameter 'presence_penalty'");
     await expect(create({ messages: [] })).rejects.toThrow("messages must be a non-empty array");
     await expect(create({ messages, max_tokens: 0 })).rejects.toThrow("max_tokens must be a whole number");
@@ -697,5 +697,190 @@ describe("engine.chat.completions (OpenAI's shape)", () => {
     expect(infoRequest.prompt).toEqual({ messages });
     worker.reply({ type: "cacheInfo", id: infoRequest.id, info: { cachedTokens: 0, promptTokens: 9, reusableTokens: 0 } });
     expect(await pending).toEqual({ cachedTokens: 0, promptTokens: 9, reusableTokens: 0 });
+  });
+});
+
+describe("tools (tool calls)", () => {
+  const weather = {
+    type: "function",
+    function: {
+      name: "get_weather",
+      description: "Weather",
+      parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] },
+    },
+  } as const;
+  const now = { type: "function", function: { name: "now" } } as const;
+  const call = { id: "call_1", type: "function", function: { name: "get_weather", arguments: '{"city": "Paris"}' } } as const;
+
+  it("maps tools and toolChoice to the engine's options and says when a call is forced", () => {
+    expect(toEngineOptions({ tools: [weather], toolChoice: "required" })).toEqual({ tools: [weather], tool_choice: "required" });
+    expect(toEngineOptions({ tools: [weather, now] })).toEqual({ tools: [weather, now] });
+    expect(toEngineTools([weather], { type: "function", function: { name: "get_weather" } })).toEqual({
+      tools: [weather],
+      tool_choice: { type: "function", function: { name: "get_weather" } },
+      forced: true,
+    });
+    expect(toEngineTools([weather], "auto")?.forced).toBe(false);
+    // "none", or no tools: nothing is sent.
+    expect(toEngineOptions({ tools: [weather], toolChoice: "none" })).toEqual({});
+    expect(toEngineOptions({ tools: [], toolChoice: "auto" })).toEqual({});
+    expect(toEngineTools(undefined, undefined)).toBeNull();
+  });
+
+  it("refuses bad tools and tool choices with a ToolError naming the field", () => {
+    const cases: [unknown, unknown, string][] = [
+      [{ a: 1 }, undefined, "tools must be an array"],
+      [[3], undefined, "tools[0] must be an object"],
+      [[{ type: "retrieval" }], undefined, 'tools[0] has type "retrieval": lean takes "function" tools only'],
+      [[{ type: "function" }], undefined, "tools[0].function must be an object"],
+      [[{ type: "function", function: { name: "a b" } }], undefined, "tools[0].function.name must be 1 to 64"],
+      [[{ type: "function", function: { name: "f", parameters: 3 } }], undefined, "tools[0].function.parameters must be a JSON schema object"],
+      [[now, now], undefined, "tools[1]: the function name 'now' is given twice"],
+      [[now], "sometimes", 'toolChoice must be "auto", "none", "required"'],
+      [[now], { type: "function", function: { name: "get_weather" } }, "toolChoice names the function 'get_weather', which is not among tools"],
+      [[now], { type: "function" }, "toolChoice as an object must be"],
+      [[], "required", "toolChoice requires tools"],
+    ];
+    for (const [tools, toolChoice, message] of cases) {
+      let error: unknown;
+      try {
+        toEngineOptions({ tools, toolChoice } as never);
+      } catch (e) {
+        error = e;
+      }
+      expect(error, message).toMatchObject({ name: ErrorName.Tool, message: expect.stringContaining(message) });
+    }
+    expect(() => toEngineOptions({ tools: [weather], toolChoice: "required", responseFormat: { type: "json_object" } })).toThrow(
+      /does not combine with responseFormat/,
+    );
+    expect(() => toEngineOptions({ tools: [weather], toolChoice: "required", speculative: { lookup: 4 } })).toThrow(
+      /does not combine with speculative decoding/,
+    );
+    // A model-chosen call combines with both.
+    expect(toEngineOptions({ tools: [weather], speculative: { lookup: 4 } })).toMatchObject({ lookup: 4, tools: [weather] });
+  });
+
+  it("sends calls and tool results as messages; tools with a raw prompt are a ToolError", async () => {
+    const { engine, worker } = await started();
+    const history = [
+      { role: "user", content: "Weather in Paris?" },
+      { role: "assistant", content: null, tool_calls: [call], extra: 1 },
+      { role: "tool", content: "22 C", tool_call_id: "call_1" },
+      { role: "assistant", content: null, tool_calls: [{ type: "function", function: { name: "now", arguments: {} } }] },
+    ];
+    void engine.chat(history as never, { tools: [weather, now] }).next();
+    await flush();
+    const request = worker.last("generate");
+    expect(request.prompt).toEqual({
+      messages: [
+        { role: "user", content: "Weather in Paris?" },
+        { role: "assistant", content: null, tool_calls: [call] },
+        { role: "tool", content: "22 C", tool_call_id: "call_1" },
+        { role: "assistant", content: null, tool_calls: [{ type: "function", function: { name: "now", arguments: "{}" } }] },
+      ],
+    });
+    expect(request.params).toEqual({ tools: [weather, now] });
+    let raw: unknown;
+    try {
+      engine.generate("Hi", { tools: [weather] });
+    } catch (e) {
+      raw = e;
+    }
+    expect(raw).toMatchObject({ name: ErrorName.Tool, message: expect.stringMatching(/^tools apply to a chat/) });
+    expect(() => engine.chat([{ role: "user", content: "x", tool_calls: 3 }] as never)).toThrow(/tool_calls must be an array/);
+  });
+
+  it("chat.completions: a call is message.tool_calls with content null and finish_reason tool_calls", async () => {
+    const { engine, worker } = await started();
+    const messages = [
+      { role: "user", content: "Weather in Paris?" },
+      { role: "assistant", content: null, tool_calls: [call] },
+      { role: "tool", content: [{ type: "text" as const, text: "22 C" }], tool_call_id: "call_1" },
+      { role: "user", content: "And tomorrow?" },
+    ];
+    const pending = engine.chat.completions.create({ messages, temperature: 0, tools: [weather], tool_choice: "required" });
+    await flush();
+    const request = worker.last("generate");
+    expect(request.prompt).toEqual({
+      messages: [messages[0], messages[1], { role: "tool", content: "22 C", tool_call_id: "call_1" }, messages[3]],
+    });
+    expect(request.params).toEqual({ maxTokens: info.contextLength, temperature: 0, tools: [weather], toolChoice: "required" });
+    const done = { ...result("stop", [10, 11]), finishReason: "tool_calls" as const, text: "\n", toolCalls: [call] };
+    worker.reply({ type: "done", id: request.id, result: done, cachedTokens: 4 });
+    expect((await pending).choices[0]).toEqual({
+      index: 0,
+      message: { role: "assistant", content: null, refusal: null, tool_calls: [call] },
+      finish_reason: "tool_calls",
+      logprobs: null,
+    });
+  });
+
+  it("chat.completions streamed: the text, one delta.tool_calls chunk with indexes, then finish_reason tool_calls", async () => {
+    const { engine, worker } = await started();
+    const pending = engine.chat.completions.create({ messages: [{ role: "user", content: "Hi" }], stream: true, tools: [weather, now] });
+    await flush();
+    const request = worker.last("generate");
+    expect(request.params).toMatchObject({ tools: [weather, now] });
+    expect(request.params).not.toHaveProperty("toolChoice");
+    worker.reply({ type: "tokens", id: request.id, tokens: [{ text: "Let me look.", tokenId: 10 }, { text: "", tokenId: 11 }] });
+    const second = { ...call, id: "call_2", function: { name: "now", arguments: "{}" } };
+    const done = { ...result("stop", [10, 11]), finishReason: "tool_calls" as const, text: "Let me look.", toolCalls: [call, second] };
+    worker.reply({ type: "done", id: request.id, result: done, cachedTokens: 4 });
+    const chunks = [];
+    for await (const chunk of await pending) chunks.push(chunk);
+    expect(chunks.map((c) => [c.choices[0]?.delta, c.choices[0]?.finish_reason])).toEqual([
+      [{ role: "assistant", content: "" }, null],
+      [{ content: "Let me look." }, null],
+      [{ tool_calls: [{ index: 0, ...call }, { index: 1, ...second }] }, null],
+      [{}, "tool_calls"],
+    ]);
+  });
+
+  it("chat.completions: tool_choice none sends no tools; bad tools are a ToolError before anything is queued", async () => {
+    const { engine, worker } = await started();
+    const messages = [{ role: "user", content: "Hi" }];
+    const pending = engine.chat.completions.create({ messages, tools: [weather], tool_choice: "none" });
+    await flush();
+    const request = worker.last("generate");
+    expect(request.params).not.toHaveProperty("tools");
+    worker.reply({ type: "done", id: request.id, result: { ...result("stop", [1]), text: "Hello" }, cachedTokens: 1 });
+    expect((await pending).choices[0]?.message).toEqual({ role: "assistant", content: "Hello", refusal: null });
+    const generates = worker.of("generate").length;
+    const create = engine.chat.completions.create.bind(engine.chat.completions);
+    await expect(create({ messages, tools: [weather], tool_choice: { type: "function", function: { name: "nope" } } })).rejects.toMatchObject({
+      name: ErrorName.Tool,
+      message: "tool_choice names the function 'nope', which is not among tools",
+    });
+    await expect(create({ messages, tools: [{ type: "code_interpreter" }] } as never)).rejects.toMatchObject({ name: ErrorName.Tool });
+    await expect(
+      create({ messages, tools: [weather], tool_choice: "required", response_format: { type: "json_object" } }),
+    ).rejects.toThrow(/does not combine with response_format/);
+    await expect(create({ messages: [{ role: "user", content: null }] } as never)).rejects.toThrow(/content must be a string/);
+    expect(worker.of("generate").length).toBe(generates);
+  });
+
+  it("truncation counts the tools and drops a whole turn with its calls and results", async () => {
+    const { engine, worker } = await started();
+    const turns = [
+      { role: "system", content: "S" },
+      { role: "user", content: "u1" },
+      { role: "assistant", content: null, tool_calls: [call] },
+      { role: "tool", content: "r1", tool_call_id: "call_1" },
+      { role: "assistant", content: "a1" },
+      { role: "user", content: "u2" },
+    ];
+    const pending = engine.chat.completions.create({ messages: turns, max_tokens: 200, tools: [weather], truncation: "auto" });
+    for (const count of [6, 2]) {
+      await flush();
+      const request = worker.last("cacheInfo");
+      expect(request.prompt && "messages" in request.prompt ? request.prompt.messages.length : 0).toBe(count);
+      expect(request.params).toEqual({ tools: [weather] });
+      worker.reply({ type: "cacheInfo", id: request.id, info: { cachedTokens: 0, promptTokens: 600 * count, reusableTokens: 0 } });
+    }
+    await flush();
+    const request = worker.last("generate");
+    expect(request.prompt).toEqual({ messages: [turns[0], turns[5]] });
+    worker.reply({ type: "done", id: request.id, result: { ...result("stop", [1]), text: "ok" }, cachedTokens: 1 });
+    expect((await pending).lean).toEqual({ dropped_messages: 4 });
   });
 });

@@ -17,6 +17,8 @@
 //! that the JS wrapper and the tests share, instead of a JS object mapping per field.
 use lean::cpu::CpuSession;
 use lean::engine::{ActiveGeneration, Ended, Step};
+use lean::tokenizer::FullChatMessage;
+use lean::tools::{self, CallSplitter, Syntax, ToolError, Tools};
 use lean::{
     ChatMessage, Engine, GenerateOptions, Generation, LeanError, Model, ModelBytes, Prompt,
     SamplingParams, Session, TokenEvent, Tokenizer,
@@ -308,23 +310,82 @@ fn tokenizer_from_gguf(
         .map_err(|e| js_error(LeanError::Tokenizer(e)))
 }
 
-/// `{"messages": [{"role", "content"}, ...]}`, `{"raw": "text"}` or `{"ids": [1, 2, 3]}`.
+/// `{"messages": [{"role", "content"}, ...]}`, `{"raw": "text"}` or `{"ids": [1, 2, 3]}`. Messages
+/// may be OpenAI's tool-call messages too: an assistant's `tool_calls` (`content` then may be
+/// null) and `{"role": "tool", "content", "tool_call_id"}` results.
 #[derive(Deserialize)]
 #[serde(rename_all = "lowercase", deny_unknown_fields)]
 enum PromptJson {
-    Messages(Vec<ChatMessage>),
+    Messages(Vec<MessageJson>),
     Raw(String),
     Ids(Vec<u32>),
 }
 
-impl From<PromptJson> for Prompt {
-    fn from(p: PromptJson) -> Prompt {
-        match p {
-            PromptJson::Messages(m) => Prompt::Chat(m),
-            PromptJson::Raw(t) => Prompt::Raw(t),
-            PromptJson::Ids(ids) => Prompt::Ids(ids),
-        }
-    }
+/// One chat message in OpenAI's shape (text content only: lean-js joins text parts).
+#[derive(Deserialize)]
+struct MessageJson {
+    role: String,
+    #[serde(default)]
+    content: Option<String>,
+    /// `[{"id", "type": "function", "function": {"name", "arguments"}}]`, `arguments` a JSON
+    /// string (OpenAI's) or an object.
+    #[serde(default)]
+    tool_calls: Option<serde_json::Value>,
+    #[serde(default)]
+    tool_call_id: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+}
+
+/// The messages as the chat template takes them (calls shaped by `tools::template_tool_calls`).
+fn full_messages(messages: Vec<MessageJson>) -> Result<Vec<FullChatMessage>, JsValue> {
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let tool_calls = match m.tool_calls.filter(|c| !c.is_null()) {
+                None => None,
+                Some(_) if m.role != "assistant" => {
+                    return Err(tool_error(ToolError::new(
+                        &format!("messages[{i}].tool_calls"),
+                        format!(
+                            "messages[{i}] has 'tool_calls' but role '{}': only an assistant \
+                             calls tools",
+                            m.role
+                        ),
+                    )))
+                }
+                // An empty list is no call (some clients send one).
+                Some(calls) => Some(tools::template_tool_calls(&calls, i).map_err(tool_error)?)
+                    .filter(|c| !c.is_empty()),
+            };
+            if m.content.is_none() && tool_calls.is_none() {
+                return Err(js_error(format!(
+                    "messages[{i}].content must be a string (null only beside 'tool_calls')"
+                ))
+                .into());
+            }
+            Ok(FullChatMessage {
+                role: m.role,
+                content: m.content,
+                tool_calls,
+                tool_call_id: m.tool_call_id,
+                name: m.name,
+            })
+        })
+        .collect()
+}
+
+/// A JS `Error` named `ToolError` (lean-js's `ErrorName.Tool`): tools, `tool_choice` or tool
+/// messages that cannot be used; the message names the field.
+fn tool_error(e: ToolError) -> JsValue {
+    named_error("ToolError", &e.message)
+}
+
+fn named_error(name: &str, message: &str) -> JsValue {
+    let error = js_sys::Error::new(message);
+    error.set_name(name);
+    error.into()
 }
 
 /// Every field is optional; the defaults are greedy decoding of at most 256 tokens, stopping at
@@ -347,6 +408,12 @@ struct OptionsJson {
     prediction: Option<String>,
     /// Constrained decoding: the output follows this JSON schema, regex or Lark grammar.
     constraint: Option<ConstraintJson>,
+    /// OpenAI's `tools` (function tools) for a chat prompt: rendered through the chat template
+    /// (or lean's fallback system message), the model's calls parsed out of the reply.
+    tools: Option<serde_json::Value>,
+    /// OpenAI's `tool_choice`: "auto" (default), "none", "required" or `{"type": "function",
+    /// "function": {"name"}}` (the last two: one call, constrained to the function's schema).
+    tool_choice: Option<serde_json::Value>,
 }
 
 /// A constraint on the output (lean-js's `responseFormat`, with the JSON schema unwrapped):
@@ -388,6 +455,8 @@ impl Default for OptionsJson {
             lookup: None,
             prediction: None,
             constraint: None,
+            tools: None,
+            tool_choice: None,
         }
     }
 }
@@ -441,6 +510,11 @@ struct GenerationJson {
     cache_length: usize,
     /// Speculative decoding's verification passes and guesses (zeros without it).
     speculation: SpeculationJson,
+    /// With `tools`: the calls the reply made, OpenAI's `tool_calls` (`[{id, type: "function",
+    /// function: {name, arguments}}]`, `arguments` a JSON text); `finish_reason` is then
+    /// "tool_calls". Absent when the reply made none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<serde_json::Value>,
 }
 
 #[derive(Serialize)]
@@ -451,6 +525,14 @@ struct SpeculationJson {
 }
 
 impl GenerationJson {
+    /// A reply's calls: finish_reason "tool_calls".
+    fn set_tool_calls(&mut self, calls: Option<serde_json::Value>) {
+        if calls.is_some() {
+            self.finish_reason = "tool_calls";
+        }
+        self.tool_calls = calls;
+    }
+
     fn new(engine: &Engine, g: Generation) -> GenerationJson {
         GenerationJson {
             prompt_ids: g.prompt_ids,
@@ -464,6 +546,7 @@ impl GenerationJson {
                 drafted_tokens: g.timings.speculation.drafted,
                 accepted_tokens: g.timings.speculation.accepted,
             },
+            tool_calls: None,
         }
     }
 }
@@ -505,7 +588,52 @@ pub struct WasmEngine {
 struct EngineState {
     engine: Engine,
     /// The generation between `begin` and its end, resumed by each `step`.
-    active: Option<ActiveGeneration>,
+    active: Option<Active>,
+    /// How the chat template takes tools (`tools::template_syntax`), found on the first request
+    /// with tools or tool messages.
+    tool_template: Option<Option<Syntax>>,
+}
+
+/// A generation in progress, and for a chat with tools what reads its calls.
+struct Active {
+    generation: ActiveGeneration,
+    tools: Option<ToolReply>,
+}
+
+/// The calls of a reply: the streamed text passes through `splitter` (text that may be a call
+/// is held back), and what it held is parsed at the end.
+struct ToolReply {
+    syntax: Syntax,
+    tools: Tools,
+    splitter: CallSplitter,
+}
+
+impl ToolReply {
+    fn new(syntax: Syntax, tools: Tools) -> ToolReply {
+        ToolReply {
+            syntax,
+            tools,
+            splitter: CallSplitter::new(syntax),
+        }
+    }
+
+    /// Ends the reply of a generation that ended with `finish_reason`: the held text's calls
+    /// (OpenAI's `tool_calls`) and the text still to stream (the content around the calls, or
+    /// the held text when it holds none). A cancelled generation makes no call.
+    fn finish(self, finish_reason: &str) -> (String, Option<serde_json::Value>) {
+        let held = self.splitter.finish();
+        let parsed = match finish_reason {
+            "cancelled" => None,
+            _ => tools::parse_reply(&held, self.syntax, &self.tools, finish_reason),
+        };
+        match parsed {
+            Some((content, calls)) => (
+                content.unwrap_or_default(),
+                Some(tools::openai_tool_calls(&calls, false)),
+            ),
+            None => (held, None),
+        }
+    }
 }
 
 impl From<Engine> for WasmEngine {
@@ -514,6 +642,7 @@ impl From<Engine> for WasmEngine {
             state: RefCell::new(EngineState {
                 engine,
                 active: None,
+                tool_template: None,
             }),
         }
     }
@@ -585,8 +714,12 @@ impl WasmEngine {
     /// `stop_token_ids` (default: the tokenizer's end-of-sequence ids), `lookup`, `prediction`,
     /// `constraint` (`{"type": "json_object" | "json_schema" (with "schema") | "regex" (with
     /// "pattern") | "grammar" (with "lark")}`: the output follows it; one the library rejects
-    /// fails with an `Error` named `ConstraintError`, the engine stays usable). Resolves to
-    /// `{"prompt_ids": [...]}`. A generation still in progress is abandoned.
+    /// fails with an `Error` named `ConstraintError`, the engine stays usable), `tools` and
+    /// `tool_choice` (OpenAI's, for a `messages` prompt: the calls come back in `done`'s
+    /// `tool_calls`, with finish_reason "tool_calls", and their text is not streamed; bad tools,
+    /// a `tool_choice` naming no tool, or a function's schema the constraint library rejects
+    /// fail with an `Error` named `ToolError`). Resolves to `{"prompt_ids": [...]}`. A
+    /// generation still in progress is abandoned.
     pub async fn begin(
         &self,
         prompt_json: String,
@@ -595,25 +728,31 @@ impl WasmEngine {
         let mut state = self.state()?;
         let state = &mut *state;
         state.active = None;
-        let (prompt, options) = request(&mut state.engine, &prompt_json, &options_json)?;
-        check_constraint(&mut state.engine, &options)?;
-        let active = state
+        let Request {
+            prompt,
+            options,
+            tools,
+        } = request(state, &prompt_json, &options_json)?;
+        check_constraint(&mut state.engine, &options, tools.is_some())?;
+        let generation = state
             .engine
             .begin_async(&prompt, &options)
             .await
             .map_err(js_error)?;
         let begun = serde_json::json!({
-            "prompt_ids": active.prompt_ids(),
-            "cached_tokens": active.cached_tokens(),
+            "prompt_ids": generation.prompt_ids(),
+            "cached_tokens": generation.cached_tokens(),
         });
-        state.active = Some(active);
+        state.active = Some(Active { generation, tools });
         Ok(serde_json::to_string(&begun).map_err(js_error)?)
     }
 
     /// Produces the next token of the generation `begin` started; resolves to JSON
     /// `{"tokens": [{"id", "text"}, ...], "done": null | {prompt_ids, token_ids, text,
     /// finish_reason}}`; finish_reason is "stop" (a stop id was generated: it is in token_ids but
-    /// not in tokens), "length" or "context_full". After `done`, call `begin` again.
+    /// not in tokens), "length", "context_full" or (with tools, `done.tool_calls` then holds
+    /// the calls) "tool_calls". With tools, a token's text that may belong to a call is held
+    /// back (empty text) until the end. After `done`, call `begin` again.
     pub async fn step(&self) -> Result<String, JsError> {
         let mut state = self.state()?;
         let state = &mut *state;
@@ -625,10 +764,15 @@ impl WasmEngine {
         // A failed step drops the generation: it cannot continue (see `Engine::step`).
         let Step { token, finished } = state
             .engine
-            .step_async(&mut active)
+            .step_async(&mut active.generation)
             .await
             .map_err(js_error)?;
         let mut tokens: Vec<TokenJson> = token.into_iter().map(TokenJson::from).collect();
+        if let Some(reply) = &mut active.tools {
+            for token in &mut tokens {
+                token.text = reply.splitter.push(&token.text);
+            }
+        }
         let done = match finished {
             Some(_) => Some(end(&state.engine, active, &mut tokens)?),
             None => {
@@ -668,30 +812,52 @@ impl WasmEngine {
         let mut state = self.state()?;
         let state = &mut *state;
         state.active = None;
-        let (prompt, options) = request(&mut state.engine, prompt_json, options_json)?;
-        check_constraint(&mut state.engine, &options)?;
+        let Request {
+            prompt,
+            options,
+            mut tools,
+        } = request(state, prompt_json, options_json)?;
+        check_constraint(&mut state.engine, &options, tools.is_some())?;
         let mut thrown = None;
+        let emit = |text: &str, id: u32, thrown: &mut Option<JsValue>| {
+            // After a throw the callback is not called again (not even for held-back text).
+            if thrown.is_some() {
+                return false;
+            }
+            let text = JsValue::from_str(text);
+            match on_token.call2(&JsValue::NULL, &text, &JsValue::from(id)) {
+                Ok(keep_going) => keep_going.as_bool() != Some(false),
+                Err(exception) => {
+                    *thrown = Some(exception);
+                    false
+                }
+            }
+        };
         let generation = state
             .engine
-            .generate(&prompt, &options, |token| {
-                // After a throw the callback is not called again (not even for held-back text).
-                if thrown.is_some() {
-                    return false;
+            .generate(&prompt, &options, |token| match &mut tools {
+                Some(reply) => {
+                    let text = reply.splitter.push(&token.text);
+                    emit(&text, token.id, &mut thrown)
                 }
-                let text = JsValue::from_str(&token.text);
-                match on_token.call2(&JsValue::NULL, &text, &JsValue::from(token.id)) {
-                    Ok(keep_going) => keep_going.as_bool() != Some(false),
-                    Err(exception) => {
-                        thrown = Some(exception);
-                        false
-                    }
-                }
+                None => emit(&token.text, token.id, &mut thrown),
             })
             .map_err(js_error)?;
+        let mut calls = None;
+        if let Some(reply) = tools {
+            let (rest, tool_calls) = reply.finish(generation.finish_reason.as_str());
+            if !rest.is_empty() {
+                let id = generation.token_ids.last().copied().unwrap_or(0);
+                emit(&rest, id, &mut thrown);
+            }
+            calls = tool_calls;
+        }
         if let Some(exception) = thrown {
             return Err(exception);
         }
-        serde_json::to_string(&GenerationJson::new(&state.engine, generation))
+        let mut json = GenerationJson::new(&state.engine, generation);
+        json.set_tool_calls(calls);
+        serde_json::to_string(&json)
             .map_err(|e| js_error(format!("serializing the generation: {e}")).into())
     }
 
@@ -706,13 +872,20 @@ impl WasmEngine {
 
     /// The KV cache carried from one generation to the next, as JSON `{"cache_length": ids it
     /// holds}`, with `"prompt_tokens"` and `"reusable_tokens"` (how many of them the next
-    /// `begin` of that prompt would take from the cache) when `prompt_json` is given.
+    /// `begin` of that prompt would take from the cache) when `prompt_json` is given;
+    /// `options_json` (as `begin`'s) counts a chat's `tools` in.
     #[wasm_bindgen(js_name = cacheInfo)]
-    pub fn cache_info(&self, prompt_json: Option<String>) -> Result<String, JsError> {
+    pub fn cache_info(
+        &self,
+        prompt_json: Option<String>,
+        options_json: Option<String>,
+    ) -> Result<String, JsValue> {
         let mut state = self.state()?;
+        let state = &mut *state;
         let mut info = serde_json::json!({ "cache_length": state.engine.cached_ids().len() });
         if let Some(prompt_json) = prompt_json {
-            let (prompt, _) = request(&mut state.engine, &prompt_json, "{}")?;
+            let options_json = options_json.as_deref().unwrap_or("{}");
+            let Request { prompt, .. } = request(state, &prompt_json, options_json)?;
             let ids = state.engine.encode(&prompt).map_err(js_error)?;
             let reusable = state
                 .engine
@@ -721,7 +894,7 @@ impl WasmEngine {
             info["prompt_tokens"] = ids.len().into();
             info["reusable_tokens"] = reusable.into();
         }
-        serde_json::to_string(&info).map_err(js_error)
+        Ok(serde_json::to_string(&info).map_err(js_error)?)
     }
 
     /// Forgets the KV cache: the next generation prefills its whole prompt (a generation in
@@ -752,12 +925,23 @@ impl WasmEngine {
     }
 }
 
-/// Parses a prompt and options (see `begin`) and sets the template's clock.
+/// A request, parsed: what to generate from, how, and for a chat with tools what reads the calls.
+struct Request {
+    prompt: Prompt,
+    options: GenerateOptions,
+    tools: Option<ToolReply>,
+}
+
+/// Parses a prompt and options (see `begin`) and sets the template's clock. A chat with tools
+/// (or with calls and tool results) is rendered here, as lean-cli and `lean-cli serve` render it
+/// (`tools::prepare_chat`: the template's `tools`, or lean's fallback system message), and goes
+/// to the engine as ids; a forced call's grammar becomes the constraint.
 fn request(
-    engine: &mut Engine,
+    state: &mut EngineState,
     prompt_json: &str,
     options_json: &str,
-) -> Result<(Prompt, GenerateOptions), JsError> {
+) -> Result<Request, JsValue> {
+    let engine = &mut state.engine;
     let prompt: PromptJson = serde_json::from_str(prompt_json)
         .map_err(|e| js_error(format!("invalid prompt JSON: {e}")))?;
     let mut options: OptionsJson = serde_json::from_str(options_json)
@@ -766,6 +950,11 @@ fn request(
         Some(text) => Some(engine.tokenizer.encode(&text, false).map_err(js_error)?),
         None => None,
     };
+    let tools = tools::parse_tools(
+        options.tools.take().as_ref(),
+        options.tool_choice.take().as_ref(),
+    )
+    .map_err(tool_error)?;
     let mut generate: GenerateOptions = options.into();
     if let Some(ids) = prediction {
         let spec = generate
@@ -778,7 +967,63 @@ fn request(
     engine
         .tokenizer
         .set_template_time(Some((js_sys::Date::now() / 1000.0) as i64));
-    Ok((prompt.into(), generate))
+    let messages = match prompt {
+        PromptJson::Messages(messages) => full_messages(messages)?,
+        PromptJson::Raw(_) | PromptJson::Ids(_) if tools.is_some() => {
+            return Err(tool_error(ToolError::new(
+                "tools",
+                "'tools' apply to a chat prompt ({\"messages\": [...]}), not to raw text or ids",
+            )))
+        }
+        PromptJson::Raw(text) => return Ok(plain_request(Prompt::Raw(text), generate)),
+        PromptJson::Ids(ids) => return Ok(plain_request(Prompt::Ids(ids), generate)),
+    };
+    // Plain messages go in as before (lean-cli's rule).
+    let plain = tools.is_none()
+        && messages
+            .iter()
+            .all(|m| m.tool_calls.is_none() && m.role != "tool" && m.content.is_some());
+    if plain {
+        let messages = messages
+            .into_iter()
+            .map(|m| ChatMessage::new(m.role, m.content.unwrap_or_default()))
+            .collect();
+        return Ok(plain_request(Prompt::Chat(messages), generate));
+    }
+    let template = *state
+        .tool_template
+        .get_or_insert_with(|| tools::template_syntax(&engine.tokenizer));
+    let chat = tools::prepare_chat(template, &messages, tools.as_ref(), &Default::default());
+    if let Some(grammar) = chat.grammar {
+        if generate.constraint.is_some() {
+            return Err(tool_error(ToolError::new(
+                "tool_choice",
+                "a required tool call ('tool_choice' \"required\" or a function) cannot be \
+                 combined with a response format: the call's arguments follow the function's \
+                 schema",
+            )));
+        }
+        generate.constraint = Some(ConstraintSpec::Lark(grammar));
+        // As `lean-cli serve`: no speculative decoding under a constraint.
+        generate.speculation = None;
+    }
+    let ids = engine
+        .tokenizer
+        .encode_chat_full(&chat.messages, true, &chat.kwargs)
+        .map_err(|e| js_error(LeanError::Tokenizer(e)))?;
+    Ok(Request {
+        prompt: Prompt::Ids(ids),
+        options: generate,
+        tools: chat.syntax.zip(tools).map(|(s, t)| ToolReply::new(s, t)),
+    })
+}
+
+fn plain_request(prompt: Prompt, options: GenerateOptions) -> Request {
+    Request {
+        prompt,
+        options,
+        tools: None,
+    }
 }
 
 /// Compiles the request's constraint, if any, before its generation begins, so that a schema,
@@ -786,7 +1031,13 @@ fn request(
 /// passes the name on) rather than a generic one. The first constrained request of an engine
 /// builds the vocabulary's byte map and token trie (lean's `Engine` keeps them for the next);
 /// the engine compiles the constraint again for the generation (a few ms for a small schema).
-fn check_constraint(engine: &mut Engine, options: &GenerateOptions) -> Result<(), JsValue> {
+/// A forced tool call's grammar (`for_tools`) that fails is a `ToolError`: a function's
+/// parameters schema the library rejects.
+fn check_constraint(
+    engine: &mut Engine,
+    options: &GenerateOptions,
+    for_tools: bool,
+) -> Result<(), JsValue> {
     let Some(spec) = &options.constraint else {
         return Ok(());
     };
@@ -801,26 +1052,47 @@ fn check_constraint(engine: &mut Engine, options: &GenerateOptions) -> Result<()
                 LeanError::InvalidArgument(m) => m,
                 other => other.to_string(),
             };
-            let error = js_sys::Error::new(&message);
-            error.set_name("ConstraintError");
-            Err(error.into())
+            Err(match for_tools {
+                true => named_error(
+                    "ToolError",
+                    &format!("a function's parameters schema is not usable: {message}"),
+                ),
+                false => named_error("ConstraintError", &message),
+            })
         }
     }
 }
 
 /// Ends `active`: appends the text held back to the end to `tokens` (as a last token, with the
-/// last id) and returns the result.
+/// last id) and returns the result. With tools, the held text's calls go into the result and
+/// the rest of the text (the content around them, or text that held no call) into `tokens`.
 fn end(
     engine: &Engine,
-    active: ActiveGeneration,
+    active: Active,
     tokens: &mut Vec<TokenJson>,
 ) -> Result<GenerationJson, JsError> {
     let Ended {
         held_back,
         generation,
-    } = engine.finish(active).map_err(js_error)?;
-    tokens.extend(held_back.map(TokenJson::from));
-    Ok(GenerationJson::new(engine, generation))
+    } = engine.finish(active.generation).map_err(js_error)?;
+    let Some(mut reply) = active.tools else {
+        tokens.extend(held_back.map(TokenJson::from));
+        return Ok(GenerationJson::new(engine, generation));
+    };
+    if let Some(token) = held_back {
+        let text = reply.splitter.push(&token.text);
+        if !text.is_empty() {
+            tokens.push(TokenJson { id: token.id, text });
+        }
+    }
+    let (rest, calls) = reply.finish(generation.finish_reason.as_str());
+    if !rest.is_empty() {
+        let id = generation.token_ids.last().copied().unwrap_or(0);
+        tokens.push(TokenJson { id, text: rest });
+    }
+    let mut json = GenerationJson::new(engine, generation);
+    json.set_tool_calls(calls);
+    Ok(json)
 }
 
 /// Which CPU backend this build runs (any build also has the GPU one, `GpuModelLoader`):

@@ -293,6 +293,55 @@ test("a constraint: generate and begin/step give lean-cli's tokens; a rejected o
   assert.deepEqual(free.result.token_ids, chatShort.greedy_ids.slice(0, 4));
 });
 
+test("tools: a forced call gives lean-cli's call through generate and begin/step; bad tools are a ToolError", async () => {
+  const fixture = JSON.parse(readFileSync(join(repo, "fixtures", "tools", "smollm2-135m-instruct-q4_0.json"), "utf8"));
+  const c = fixture.cases.find((k) => k.name === "forced");
+  const options = {
+    max_tokens: c.max_tokens,
+    tools: fixture.tools,
+    tool_choice: { type: "function", function: { name: c.tool_choice } },
+  };
+  const strip = (calls) => calls.map(({ type, function: f }) => ({ type, function: f }));
+  const { result, events } = generate({ messages: c.messages }, options);
+  assert.deepEqual(result.prompt_ids, c.prompt_ids);
+  assert.deepEqual(result.token_ids, c.token_ids);
+  assert.equal(result.finish_reason, "tool_calls");
+  assert.deepEqual(strip(result.tool_calls), c.tool_calls);
+  assert.match(result.tool_calls[0].id, /^call_[A-Za-z0-9]{24}$/);
+  // The call's text is held back, never streamed.
+  assert.equal(events.map((e) => e.text).join(""), c.content ?? "");
+  const stepped = await stepAll({ messages: c.messages }, options);
+  assert.deepEqual(stepped.result.token_ids, c.token_ids);
+  assert.deepEqual(strip(stepped.result.tool_calls), c.tool_calls);
+  assert.equal(stepped.tokens.map((t) => t.text).join(""), c.content ?? "");
+  // Cut off by max_tokens: no call, "length", the partial call as text.
+  const cut = generate({ messages: c.messages }, { ...options, max_tokens: 4 });
+  assert.equal(cut.result.finish_reason, "length");
+  assert.equal(cut.result.tool_calls, undefined);
+  assert.equal(cut.events.map((e) => e.text).join(""), cut.result.text);
+
+  const toolError = (pattern) => (e) => e instanceof Error && e.name === "ToolError" && pattern.test(e.message);
+  const call = (tools, choice, prompt = { messages: c.messages }) =>
+    engine.generate(JSON.stringify(prompt), JSON.stringify({ max_tokens: 2, tools, tool_choice: choice }), () => true);
+  assert.throws(() => call([{ type: "retrieval" }]), toolError(/lean takes 'function' tools only/));
+  assert.throws(
+    () => call(fixture.tools, { type: "function", function: { name: "nope" } }),
+    toolError(/names the function 'nope', which is not among 'tools'/),
+  );
+  assert.throws(
+    () => call([{ type: "function", function: { name: "f", parameters: { type: "strng" } } }], "required"),
+    toolError(/^a function's parameters schema is not usable: .*strng/),
+  );
+  assert.throws(() => call(fixture.tools, "auto", { raw: "Hi" }), toolError(/not to raw text or ids/));
+  await assert.rejects(
+    engine.begin(JSON.stringify({ messages: c.messages }), JSON.stringify({ tools: 3 })),
+    toolError(/'tools' must be an array/),
+  );
+  // The engine goes on.
+  const again = generate({ messages: c.messages }, { ...options, max_tokens: 4 });
+  assert.deepEqual(again.result.token_ids, c.token_ids.slice(0, 4));
+});
+
 test("decode speed (single thread, simd128)", () => {
   const max = 64;
   // No stop ids, so that every run decodes exactly `max` tokens.
