@@ -51,34 +51,16 @@ const EMPTY: Group = Group {
     sums: [0.0; 16],
 };
 
-/// The last activations this thread split, and their split: one decode stage hands the same
-/// `x` to several matrices (q, k and v; gate and up), and the split costs as much as a few
-/// hundred rows' dots. Reused only for bit-identical `x` and the same type, so the result is
-/// the same as splitting again.
-struct Prepared {
-    ty: Option<TensorType>,
-    bits: Vec<u32>,
-    groups: Vec<Group>,
-}
-
-impl Prepared {
-    fn holds(&self, ty: TensorType, x: &[f32]) -> bool {
-        self.ty == Some(ty)
-            && self.bits.len() == x.len()
-            && self.bits.iter().zip(x).all(|(&b, v)| b == v.to_bits())
-    }
-}
-
 thread_local! {
-    static PREPARED: RefCell<Prepared> = const {
-        RefCell::new(Prepared { ty: None, bits: Vec::new(), groups: Vec::new() })
-    };
+    /// This thread's last split, keyed by the type whose layout it has (see `SplitCache`).
+    static PREPARED: RefCell<super::SplitCache<TensorType, Group>> =
+        const { RefCell::new(super::SplitCache::new()) };
 }
 
 /// Drops this thread's cached split (tests: a call after this sees nothing cached).
 #[cfg(test)]
 pub(super) fn forget() {
-    PREPARED.with(|prepared| prepared.borrow_mut().ty = None);
+    PREPARED.with(|prepared| prepared.borrow_mut().forget());
 }
 
 /// Splits the 32-element block at `x` into limbs, writing its 8-element pieces to
@@ -210,16 +192,9 @@ pub(super) unsafe fn rows(
 ) -> bool {
     PREPARED.with(|prepared| {
         let mut prepared = prepared.borrow_mut();
-        if !prepared.holds(ty, x) {
-            prepared.ty = None;
-            if !prepare(ty, x, &mut prepared.groups) {
-                return false;
-            }
-            prepared.ty = Some(ty);
-            prepared.bits.clear();
-            prepared.bits.extend(x.iter().map(|v| v.to_bits()));
-        }
-        let groups = &prepared.groups;
+        let Some(groups) = prepared.get_or_make(ty, x, |groups| prepare(ty, x, groups)) else {
+            return false;
+        };
         let blocks = x.len() / 32;
         let ahead = super::prefetch_distance();
         // Four rows per pass share each activation load (loads, not arithmetic, limit one row

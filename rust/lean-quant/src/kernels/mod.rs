@@ -27,6 +27,57 @@ mod simd128_limbs;
 #[cfg(test)]
 mod tests;
 
+/// The last activations a thread split for an integer limb kernel (`avx512_vnni`,
+/// `simd128_limbs`), and their split: one decode stage hands the same `x` to several matrices
+/// (q, k and v; gate and up), and a split costs as much as a few hundred rows' dots. Reused
+/// only for bit-identical `x` and the same key (the layout it was made for), so the result is
+/// the same as splitting again.
+#[allow(dead_code)] // used by the limb kernels this target has, if any
+struct SplitCache<K, T> {
+    key: Option<K>,
+    bits: Vec<u32>,
+    split: Vec<T>,
+}
+
+#[allow(dead_code)]
+impl<K: Copy + PartialEq, T> SplitCache<K, T> {
+    const fn new() -> Self {
+        SplitCache {
+            key: None,
+            bits: Vec::new(),
+            split: Vec::new(),
+        }
+    }
+
+    /// The split of `x` for `key`: the cached one, or what `make` writes (`make` returns
+    /// `false` to decline, and then so does this, with `None`).
+    fn get_or_make(
+        &mut self,
+        key: K,
+        x: &[f32],
+        make: impl FnOnce(&mut Vec<T>) -> bool,
+    ) -> Option<&[T]> {
+        let holds = self.key == Some(key)
+            && self.bits.len() == x.len()
+            && self.bits.iter().zip(x).all(|(&b, v)| b == v.to_bits());
+        if !holds {
+            self.key = None;
+            if !make(&mut self.split) {
+                return None;
+            }
+            self.key = Some(key);
+            self.bits.clear();
+            self.bits.extend(x.iter().map(|v| v.to_bits()));
+        }
+        Some(&self.split)
+    }
+
+    /// Drops the cached split (tests: a call after this sees nothing cached).
+    fn forget(&mut self) {
+        self.key = None;
+    }
+}
+
 /// One marker type per block format; each ISA module implements its own `Decode` trait for
 /// them, so the format list is written once.
 #[allow(non_camel_case_types, dead_code)]

@@ -36,32 +36,16 @@ struct Block {
     sum: f32,
 }
 
-/// The last activations this thread split, and their split: one decode stage hands the same
-/// `x` to several matrices (q, k and v; gate and up). Reused only for bit-identical `x`.
-struct Prepared {
-    valid: bool,
-    bits: Vec<u32>,
-    blocks: Vec<Block>,
-}
-
-impl Prepared {
-    fn holds(&self, x: &[f32]) -> bool {
-        self.valid
-            && self.bits.len() == x.len()
-            && self.bits.iter().zip(x).all(|(&b, v)| b == v.to_bits())
-    }
-}
-
 thread_local! {
-    static PREPARED: RefCell<Prepared> = const {
-        RefCell::new(Prepared { valid: false, bits: Vec::new(), blocks: Vec::new() })
-    };
+    /// This thread's last split (one layout for every type: no key, see `SplitCache`).
+    static PREPARED: RefCell<super::SplitCache<(), Block>> =
+        const { RefCell::new(super::SplitCache::new()) };
 }
 
 /// Drops this thread's cached split (tests: a call after this sees nothing cached).
 #[cfg(test)]
 pub(super) fn forget() {
-    PREPARED.with(|prepared| prepared.borrow_mut().valid = false);
+    PREPARED.with(|prepared| prepared.borrow_mut().forget());
 }
 
 /// Splits `x` into limbs; `false` when a value is not finite or a block's scale would be too
@@ -120,20 +104,9 @@ pub(super) unsafe fn rows(
 ) -> bool {
     PREPARED.with(|prepared| {
         let mut prepared = prepared.borrow_mut();
-        if !prepared.holds(x) {
-            let Prepared {
-                valid,
-                bits,
-                blocks,
-            } = &mut *prepared;
-            *valid = prepare(x, blocks);
-            if !*valid {
-                return false;
-            }
-            bits.clear();
-            bits.extend(x.iter().map(|v| v.to_bits()));
-        }
-        let blocks = &prepared.blocks;
+        let Some(blocks) = prepared.get_or_make((), x, |blocks| prepare(x, blocks)) else {
+            return false;
+        };
         for (out, row) in y.iter_mut().zip(w.chunks_exact(row_bytes)) {
             *out = match ty {
                 TensorType::Q4_0 => row_dot::<Q4_0>(row.as_ptr(), blocks),
