@@ -849,3 +849,224 @@ fn a_prediction_speeds_the_reply_without_changing_it() {
     );
     assert_error(&reply, 400, Some("prediction"), "prediction.type");
 }
+
+/// Resident memory of a process in KiB (Linux), `None` elsewhere.
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// What one soak request does; each good kind is checked against the CLI.
+#[derive(Clone, Copy, Debug)]
+enum SoakRequest {
+    Chat(usize),
+    StreamedChat(usize),
+    Completion,
+    Malformed(usize),
+    PromptPastContext,
+    BodyTooLarge,
+    HangUpMidStream,
+    HangUpMidBody,
+}
+
+/// Requests from 8 clients at once, mixing good requests, malformed bodies, prompts past the
+/// context, oversized bodies and clients that hang up mid-stream or mid-body: every good
+/// reply equals the CLI's, every bad one is a 4xx, the server's memory stays flat and no slot
+/// or queue entry is left busy. `LEAN_SOAK_REQUESTS` sets the total (default 1000).
+#[test]
+fn a_soak_of_mixed_good_bad_and_abandoned_requests_leaves_the_server_exact_and_flat() {
+    let Some(server) = Server::start(&["--ctx", "256", "--slots", "2", "--queue", "64"]) else {
+        return;
+    };
+    let total: usize = std::env::var("LEAN_SOAK_REQUESTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    const TOKENS: usize = 6;
+    let conversations = [
+        json!([{"role": "user", "content": "What is the capital of France?"}]),
+        json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a color."}]),
+        json!([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"}, {"role": "user", "content": "Tell me a joke."}]),
+        json!([{"role": "user", "content": "Write a haiku about rain."}]),
+    ];
+    let expected: Vec<String> = conversations
+        .iter()
+        .map(|c| cli_chat(c, TOKENS)["text"].as_str().unwrap().to_string())
+        .collect();
+    let raw_prompt = "The three primary colors are";
+    let expected_raw = cli(&["--raw", "-p", raw_prompt], TOKENS)["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let malformed: [&str; 6] = [
+        "{\"messages\": [",
+        "[1, 2]",
+        "{}",
+        "{\"messages\": [{\"role\": \"wizard\", \"content\": \"Hi\"}]}",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": -1}",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"temperature\": \"hot\"}",
+    ];
+    let huge = format!(
+        "{{\"messages\": [{{\"role\": \"user\", \"content\": \"{}\"}}]}}",
+        "a".repeat(5 << 20)
+    );
+
+    let run = |request: SoakRequest, client: &Client| {
+        let chat = "/v1/chat/completions";
+        let good = |i: usize, stream: bool| json!({"messages": conversations[i], "max_tokens": TOKENS, "temperature": 0, "stream": stream});
+        match request {
+            SoakRequest::Chat(i) => {
+                let reply = client.post(chat, &good(i, false));
+                assert_eq!(reply.status, 200, "{request:?}: {}", reply.body);
+                let content = &reply.body["choices"][0]["message"]["content"];
+                assert_eq!(content.as_str().unwrap(), expected[i], "{request:?}");
+            }
+            SoakRequest::StreamedChat(i) => {
+                let (text, _, usage) =
+                    collect_chat_stream(&client.stream(chat, &good(i, true)).all());
+                assert_eq!(text, expected[i], "{request:?}");
+                assert!(usage.is_null(), "no usage chunk unless asked for");
+            }
+            SoakRequest::Completion => {
+                let body = json!({"prompt": raw_prompt, "max_tokens": TOKENS, "temperature": 0});
+                let reply = client.post("/v1/completions", &body);
+                assert_eq!(reply.status, 200, "{request:?}: {}", reply.body);
+                assert_eq!(
+                    reply.body["choices"][0]["text"].as_str().unwrap(),
+                    expected_raw
+                );
+            }
+            SoakRequest::Malformed(i) => {
+                assert_error(
+                    &client.post_raw(chat, malformed[i]),
+                    400,
+                    None,
+                    malformed[i],
+                );
+            }
+            SoakRequest::PromptPastContext => {
+                let body = json!({"messages": [{"role": "user", "content": "word ".repeat(300)}], "max_tokens": 8});
+                assert_error(
+                    &client.post(chat, &body),
+                    400,
+                    Some("messages"),
+                    "past the context",
+                );
+            }
+            SoakRequest::BodyTooLarge => {
+                assert_error(&client.post_raw(chat, &huge), 413, None, "body over 4 MiB");
+            }
+            SoakRequest::HangUpMidStream => {
+                let body = json!({"messages": conversations[0], "max_tokens": 200, "ignore_eos": true, "temperature": 0, "stream": true});
+                let mut events = client.stream(chat, &body);
+                events.next_data().unwrap(); // the role chunk
+                events.next_data().unwrap(); // a token: the slot is generating
+                events.close();
+            }
+            SoakRequest::HangUpMidBody => {
+                let mut stream = TcpStream::connect(&client.addr).unwrap();
+                let _ = write!(
+                    stream,
+                    "POST {chat} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"messages\": [{{\"ro"
+                );
+                let _ = stream.shutdown(Shutdown::Both);
+            }
+        }
+    };
+    // A fixed pseudo-random mix (xorshift), the same on every run.
+    let pick = |seed: u64| {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let k = (x >> 11) as usize;
+        match k % 100 {
+            0..=29 => SoakRequest::Chat(k / 100 % conversations.len()),
+            30..=49 => SoakRequest::StreamedChat(k / 100 % conversations.len()),
+            50..=57 => SoakRequest::Completion,
+            58..=72 => SoakRequest::Malformed(k / 100 % malformed.len()),
+            73..=79 => SoakRequest::PromptPastContext,
+            80..=81 => SoakRequest::BodyTooLarge,
+            82..=93 => SoakRequest::HangUpMidStream,
+            _ => SoakRequest::HangUpMidBody,
+        }
+    };
+
+    // Warm up with every kind once, so that the memory baseline has every buffer in place.
+    let warm_up = [
+        SoakRequest::Chat(0),
+        SoakRequest::StreamedChat(1),
+        SoakRequest::Completion,
+        SoakRequest::Malformed(0),
+        SoakRequest::PromptPastContext,
+        SoakRequest::BodyTooLarge,
+        SoakRequest::HangUpMidStream,
+        SoakRequest::HangUpMidBody,
+    ];
+    for request in warm_up {
+        run(request, &server.client);
+    }
+    let pid = server.child.id();
+    let wait_idle = || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let health = server.get("/health").body;
+            if health["free_slots"] == 2 && health["queued"] == 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "a slot or queue entry stays busy: {health}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_idle();
+    let rss_before = rss_kib(pid);
+
+    const CLIENTS: usize = 8;
+    let t = Instant::now();
+    let counts = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..CLIENTS)
+            .map(|c| {
+                let run = &run;
+                let client = server.client.clone();
+                scope.spawn(move || {
+                    let mut kinds = std::collections::BTreeMap::<String, usize>::new();
+                    for i in (c..total).step_by(CLIENTS) {
+                        let request = pick(i as u64 + 1);
+                        run(request, &client);
+                        let kind = format!("{request:?}");
+                        let kind = kind.split('(').next().unwrap().to_string();
+                        *kinds.entry(kind).or_default() += 1;
+                    }
+                    kinds
+                })
+            })
+            .collect();
+        let mut all = std::collections::BTreeMap::<String, usize>::new();
+        for worker in workers {
+            for (kind, n) in worker.join().unwrap() {
+                *all.entry(kind).or_default() += n;
+            }
+        }
+        all
+    });
+    let elapsed = t.elapsed();
+    wait_idle();
+    // The server still answers exactly after the soak.
+    run(SoakRequest::Chat(2), &server.client);
+    let rss_after = rss_kib(pid);
+    eprintln!(
+        "soak: {total} requests from {CLIENTS} clients in {elapsed:.1?}: {counts:?}; RSS {rss_before:?} → {rss_after:?} KiB"
+    );
+    assert_eq!(counts.values().sum::<usize>(), total);
+    if let (Some(before), Some(after)) = (rss_before, rss_after) {
+        // Flat: no per-request growth (1000 leaked 4 KiB pages would already be 4 MiB).
+        assert!(
+            after <= before + 16 * 1024,
+            "RSS grew from {before} to {after} KiB over {total} requests"
+        );
+    }
+}
