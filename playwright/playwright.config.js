@@ -49,6 +49,8 @@ export default defineConfig({
             "--disable-background-networking",
             "--disable-component-update",
             "--disable-sync",
+            // window.gc(): tests/long-session.spec.js reads the JS heap after a collection.
+            "--js-flags=--expose-gc",
           ],
         },
       },

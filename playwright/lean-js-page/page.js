@@ -6,6 +6,39 @@ import { createEngine, deleteCached, listCached } from "/lean-js/index.js";
 
 let engine = null;
 
+/** Workers this page made and has not terminated (lean-js's engine workers). */
+const liveWorkers = new Set();
+const NativeWorker = window.Worker;
+window.Worker = class CountedWorker extends NativeWorker {
+  constructor(...args) {
+    super(...args);
+    liveWorkers.add(this);
+  }
+  terminate() {
+    liveWorkers.delete(this);
+    super.terminate();
+  }
+};
+
+/** The page's JS heap in bytes after a collection (Chromium with --js-flags=--expose-gc), else null. */
+function jsHeapBytes() {
+  globalThis.gc?.();
+  return performance.memory?.usedJSHeapSize ?? null;
+}
+
+/** A fixed pseudo-random sequence (xorshift32), the same on every run. */
+function randoms(seed) {
+  let x = seed >>> 0 || 1;
+  return () => {
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    return (x >>> 0) / 2 ** 32;
+  };
+}
+
+const sameIds = (a, b) => a.length === b.length && a.every((id, i) => id === b[i]);
+
 /** Reads `stream` until it ends, or until `stopAfter` tokens (then `stop` is called once). */
 async function read(stream, { stopAfter = Infinity, stop = () => {} } = {}) {
   const ids = [];
@@ -266,6 +299,76 @@ window.leanJs = {
   generateBroken(prompt, maxTokens, after) {
     const stream = engine.generate(prompt, { maxTokens, temperature: 0, stopTokenIds: [] });
     return read(stream, { stopAfter: after, stop: () => "break" });
+  },
+
+  /**
+   * tests/long-session.spec.js: `generations` greedy generations of `prompt` (each must give
+   * `expected`), then `aborts` generations aborted after a random number of tokens below
+   * `expectedAfterAbort`'s length, each followed by a whole one that must give `expectedAfterAbort`. Memory (wasm, JS heap) is read
+   * after a first generation and at the end; returns the runs that differed.
+   */
+  async longSession({ prompt, expected, expectedAfterAbort, generations, aborts, seed = 7 }) {
+    const options = { maxTokens: expected.length, temperature: 0, stopTokenIds: [] };
+    const longer = { ...options, maxTokens: expectedAfterAbort.length };
+    const memory = async () => ({ wasm: (await engine.memoryInfo()).wasmMemoryBytes, heap: jsHeapBytes() });
+    const started = performance.now();
+    const wrong = [];
+    const first = await read(engine.generate(prompt, options));
+    if (!sameIds(first.tokenIds, expected)) wrong.push({ run: "first", ids: first.tokenIds });
+    const start = await memory();
+    for (let i = 0; i < generations; i++) {
+      const { tokenIds, error } = await read(engine.generate(prompt, options));
+      if (error || !sameIds(tokenIds, expected)) wrong.push({ run: `generation ${i}`, ids: tokenIds, error });
+    }
+    const afterGenerations = await memory();
+    const generationsMs = performance.now() - started;
+    const random = randoms(seed);
+    const abortedAt = [];
+    for (let i = 0; i < aborts; i++) {
+      const after = 1 + Math.floor(random() * (expectedAfterAbort.length - 1));
+      abortedAt.push(after);
+      const controller = new AbortController();
+      const aborted = await read(engine.generate(prompt, { ...longer, signal: controller.signal }), {
+        stopAfter: after,
+        stop: () => controller.abort(),
+      });
+      const prefix = expectedAfterAbort.slice(0, aborted.tokenIds.length);
+      if (aborted.error?.name !== "AbortError" || aborted.finishReason !== "cancelled" || !sameIds(aborted.tokenIds, prefix)) {
+        wrong.push({ run: `abort ${i} after ${after}`, ids: aborted.tokenIds, error: aborted.error, finishReason: aborted.finishReason });
+      }
+      const whole = await read(engine.generate(prompt, longer));
+      if (whole.error || !sameIds(whole.tokenIds, expectedAfterAbort)) wrong.push({ run: `after abort ${i}`, ids: whole.tokenIds, error: whole.error });
+    }
+    const end = await memory();
+    return { wrong, start, afterGenerations, end, abortedAt, generationsMs, ms: performance.now() - started };
+  },
+
+  /**
+   * tests/long-session.spec.js: `count` times, a new engine (from `model`, cached) makes one
+   * greedy token of `prompt`, which must be `expected[0]`, then is disposed. Reports the live
+   * workers and the JS heap after the first and the last cycle, and each engine's wasm memory.
+   */
+  async disposeCycles({ model, backend, threads, prompt, expected, count }) {
+    engine?.dispose();
+    engine = null;
+    const started = performance.now();
+    const wrong = [];
+    const wasm = new Set();
+    const backends = new Set();
+    let first = null;
+    for (let i = 0; i < count; i++) {
+      const cycle = await createEngine({ model, backend, threads, contextLength: 256 });
+      backends.add(cycle.backend);
+      const { tokenIds } = await read(cycle.generate(prompt, { maxTokens: 1, temperature: 0, stopTokenIds: [] }));
+      if (tokenIds[0] !== expected[0]) wrong.push({ cycle: i, ids: tokenIds });
+      wasm.add((await cycle.memoryInfo()).wasmMemoryBytes);
+      cycle.dispose();
+      if (i === 0) first = { liveWorkers: liveWorkers.size, heap: jsHeapBytes() };
+    }
+    // A disposed engine's worker is terminated at once; give the page a moment to settle.
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    const end = { liveWorkers: liveWorkers.size, heap: jsHeapBytes() };
+    return { wrong, first, end, wasmMemoryBytes: [...wasm], backends: [...backends], ms: performance.now() - started };
   },
 
   dispose() {

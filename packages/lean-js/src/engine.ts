@@ -7,6 +7,7 @@ import { ErrorName, fromWireError, leanError } from "./errors.js";
 import type {
   Backend,
   CacheInfo,
+  MemoryInfo,
   ChatMessage,
   ChatTurn,
   GenerateParams,
@@ -442,6 +443,13 @@ export class Engine {
     const reply = await this.#afterQueued(request);
     if (reply.type !== "cacheInfo") throw new Error(`unexpected reply ${reply.type} to cacheInfo`);
     this.info.cachedTokens = reply.info.cachedTokens;
+    return reply.info;
+  }
+
+  /** What the engine holds in memory now (its worker's WebAssembly memory). */
+  async memoryInfo(): Promise<MemoryInfo> {
+    const reply = await this.#request({ type: "memoryInfo", id: this.#nextId++ });
+    if (reply.type !== "memoryInfo") throw new Error(`unexpected reply ${reply.type} to memoryInfo`);
     return reply.info;
   }
 

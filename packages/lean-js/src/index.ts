@@ -45,6 +45,7 @@ export type {
   Backend,
   BackendChoice,
   CacheInfo,
+  MemoryInfo,
   ChatMessage,
   ChatTurn,
   FinishReason,

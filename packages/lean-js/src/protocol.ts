@@ -205,6 +205,15 @@ export interface ModelInfo {
   cachedTokens: number;
 }
 
+/** What the engine holds in memory now (`Engine.memoryInfo`). */
+export interface MemoryInfo {
+  /**
+   * The WebAssembly memory's size in bytes (the weights on the CPU backends, the KV cache,
+   * scratch). It grows and never shrinks: flat across generations means no leak.
+   */
+  wasmMemoryBytes: number;
+}
+
 /** The KV cache carried across generations (`Engine.cacheInfo`). */
 export interface CacheInfo {
   /** Ids the cache holds. */
@@ -279,7 +288,8 @@ export type Request =
   /** `params`: a chat's tools, counted in the prompt. */
   | { type: "cacheInfo"; id: number; prompt: WirePrompt | null; params?: GenerateParams }
   /** Forgets the KV cache (the next generation prefills its whole prompt). */
-  | { type: "resetCache"; id: number };
+  | { type: "resetCache"; id: number }
+  | { type: "memoryInfo"; id: number };
 
 export type Reply =
   | { type: "progress"; id: number; progress: LoadProgress }
@@ -294,6 +304,7 @@ export type Reply =
   | { type: "tokenized"; id: number; ids: number[] }
   | { type: "cacheInfo"; id: number; info: CacheInfo }
   | { type: "cacheReset"; id: number }
+  | { type: "memoryInfo"; id: number; info: MemoryInfo }
   /** `fatal`: the worker cannot serve any further request. */
   | { type: "error"; id: number; error: WireError; fatal: boolean };
 

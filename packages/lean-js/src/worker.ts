@@ -39,6 +39,8 @@ const PROGRESS_INTERVAL_MS = 100;
 
 let wasm: WasmModule | null = null;
 let engine: WasmEngineHandle | null = null;
+/** The loaded build's memory (shared with the pool in the threads build). */
+let wasmMemory: WebAssembly.Memory | null = null;
 /** Set once the module trapped: every later request fails with it. */
 let broken: Error | null = null;
 /** The generation in progress and whether a cancel arrived for it. */
@@ -123,6 +125,9 @@ async function handle(request: Exclude<Request, { type: "cancel" }>): Promise<vo
       });
       return;
     }
+    case "memoryInfo":
+      post({ type: "memoryInfo", id: request.id, info: { wasmMemoryBytes: wasmMemory?.buffer.byteLength ?? 0 } });
+      return;
     case "resetCache":
       if (active) throw new Error(`generation ${active.id} is still running`);
       loadedEngine().resetCache();
@@ -162,7 +167,7 @@ async function load(request: LoadRequest): Promise<void> {
   const loadBuild = wasmBuilds[decision.backend];
   if (!loadBuild) throw leanError(ErrorName.BackendUnavailable, `no ${decision.backend} build is installed`);
   wasm = await loadBuild();
-  await wasm.default();
+  wasmMemory = ((await wasm.default()) as { memory?: WebAssembly.Memory } | undefined)?.memory ?? null;
   if (decision.backend === "threads") {
     if (!wasm.initThreadPool) throw new Error("the threads build has no initThreadPool");
     // The main thread times this step: a pool that never starts leaves this worker blocked for

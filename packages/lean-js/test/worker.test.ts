@@ -165,6 +165,15 @@ describe.skipIf(missing.length > 0)("the worker with the wasm engine", () => {
     expect((await free.result).tokenIds).toEqual(greedy.slice(0, 5));
   }, 60_000);
 
+  it("memoryInfo reports the wasm memory, which holds the weights and stays put across generations", async () => {
+    await engine.chat(chatShort.messages, { maxTokens: 4, temperature: 0 }).result; // scratch in place
+    const before = await engine.memoryInfo();
+    expect(before.wasmMemoryBytes).toBeGreaterThan(engine.info.fileBytes);
+    expect(before.wasmMemoryBytes % 65536).toBe(0);
+    for (let i = 0; i < 3; i++) await engine.chat(chatShort.messages, { maxTokens: 4, temperature: 0 }).result;
+    expect(await engine.memoryInfo()).toEqual(before);
+  });
+
   it("tokenize gives a raw prompt's ids", async () => {
     expect(await engine.tokenize(chatShort.prompt_text)).toEqual(chatShort.prompt_ids);
   });
