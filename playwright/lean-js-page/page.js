@@ -273,6 +273,30 @@ window.leanJs = {
     };
   },
 
+  /**
+   * bench-constrained.mjs: one greedy chat of `messages` from an empty KV cache, `maxTokens` at
+   * most, free (end of turn ignored) or under the JSON `schema`; wall time of the call included
+   * (it holds a constraint's compilation).
+   */
+  async benchChatDecode({ messages, maxTokens, schema }) {
+    await engine.resetChat();
+    const options = schema
+      ? { maxTokens, temperature: 0, responseFormat: { type: "json_schema", json_schema: { name: "bench", schema, strict: true } } }
+      : { maxTokens, temperature: 0, stopTokenIds: [] };
+    const started = performance.now();
+    const stream = engine.chat(messages, options);
+    for await (const _ of stream);
+    const r = await stream.result;
+    return {
+      wallMs: performance.now() - started,
+      prefillMs: r.prefillMs,
+      generated: r.tokenIds.length,
+      decodeTokensPerSecond: r.decodeTokensPerSecond,
+      finishReason: r.finishReason,
+      text: r.text,
+    };
+  },
+
   /** A greedy generation's ids and its prompt's length (tests/lone-gguf.spec.js). */
   async run(prompt, maxTokens) {
     const stream = engine.generate(prompt, { maxTokens, temperature: 0, stopTokenIds: [] });
