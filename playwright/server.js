@@ -9,9 +9,11 @@
 // of GET /__bytes: {path: body bytes sent}). Files are served with ETag and Last-Modified, and
 // `Range: bytes=N-` (with If-Range) is answered with a 206, as a CDN does.
 // Faults, for tests/downloads.spec.js: POST /__faults {path: fault} makes the answers for `path`
-// misbehave; DELETE /__faults ends every fault. A fault is {cutAt, down, change, lieTotal}:
+// misbehave; DELETE /__faults ends every fault. A fault is {cutAt | stallAt, down, change,
+// lieTotal}:
 //   cutAt      the first answer whose body reaches this file offset stops there: the connection
 //              is destroyed mid-body (once);
+//   stallAt    the same, but the connection stays open and silent (a tab closed mid-download);
 //   down       after that cut, every request for the path is answered by destroying the
 //              connection (the network is gone) until the faults are cleared;
 //   change     after that cut, the file has changed: one byte differs, and so does its ETag;
@@ -140,7 +142,8 @@ async function sendFile(req, res, pathname, file, info) {
   res.writeHead(status, { ...headers, "Content-Length": size - start });
   if (req.method === "HEAD") return res.end();
   // The cut: once, where the body reaches the fault's offset.
-  const cutAt = state && !state.cut && fault.cutAt > start && fault.cutAt < size ? fault.cutAt : null;
+  const at = fault.cutAt ?? fault.stallAt;
+  const cutAt = state && !state.cut && at > start && at < size ? at : null;
   if (cutAt !== null) state.cut = true;
   const end = (cutAt ?? size) - 1;
   if (changed) {
@@ -156,7 +159,7 @@ async function sendFile(req, res, pathname, file, info) {
     .on("error", () => res.destroy())
     .on("end", () => {
       // Destroyed once the bytes before the cut are flushed: the client sees a body cut short.
-      if (cutAt !== null) res.write("", () => res.destroy());
+      if (cutAt !== null && fault.stallAt === undefined) res.write("", () => res.destroy());
     })
     .pipe(res, { end: cutAt === null });
 }

@@ -6,6 +6,8 @@
 // - cut, and then the network is gone: the load fails with a ModelFileError that says what is
 //   kept; after a page reload the next load streams the kept parts (whole 16 MiB parts) from
 //   Cache Storage and fetches only the rest;
+// - the page is reloaded mid-download (the server stalls after 60 MB, so the reload comes while
+//   the fourth part is being stored): the next load resumes after the 3 whole parts stored;
 // - a server that lies after the cut (the file changed: new ETag and one byte; a 206 whose total
 //   is not the file's): a clear ModelFileError and nothing of the file left in Cache Storage;
 //   then a good load works.
@@ -121,6 +123,32 @@ test("a download whose network is gone keeps its parts: after a reload the next 
   const keys = (await call(page, "cacheKeys")).filter((k) => k.includes(gguf));
   expect(keys.length).toBe(1 + Math.ceil(size / part));
   console.log(`${test.info().project.name}: resumed from ${3 * part} kept bytes, fetched ${size - 3 * part} of ${size}`);
+  await call(page, "dispose");
+});
+
+test("a page reloaded mid-download: the next load resumes after the parts stored", async ({ page, request }) => {
+  await start(page, request);
+  await faults(request, gguf, { stallAt: 60_000_000 });
+  await page.evaluate((model) => {
+    window.pendingLoad = window.leanJs.loadError({ model, backend: "simd" });
+  }, modelUrls);
+  // Until the manifest counts 3 parts (stored while the 4th streams in).
+  const partsStored = () =>
+    page.evaluate(async (key) => {
+      const manifest = await (await caches.open("lean-models-v1")).match(key);
+      return manifest ? (await manifest.json()).parts : 0;
+    }, `${new URL(page.url()).origin}${gguf}?lean-part=manifest`);
+  await expect.poll(partsStored, { timeout: 30_000 }).toBe(3);
+  expect((await served(request)).bytes).toBe(60_000_000);
+  await page.reload();
+  await page.waitForFunction(() => window.leanJs !== undefined);
+
+  await request.delete("/__faults");
+  await resetCounts(request);
+  const loaded = await call(page, "load", { model: modelUrls, backend: "simd" });
+  expect(loaded.warnings).toEqual([]);
+  expect(await served(request)).toEqual({ requests: 1, bytes: ggufFile().size - 3 * part });
+  await expectCachedAndVerified(page);
   await call(page, "dispose");
 });
 

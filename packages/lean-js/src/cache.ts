@@ -33,6 +33,11 @@ export const PART_BYTES = 16 * 1024 * 1024;
  * without a byte of progress in between ends the load.
  */
 const RETRY_DELAYS_MS = [250, 1000, 3000];
+/**
+ * A request that brings no byte for this long has stalled (a connection a proxy or a sleeping
+ * network left open): it is given up and, mid-body, retried like a broken one.
+ */
+const STALL_MS = 30_000;
 
 /** Headers of a legacy whole-file cache entry besides Content-Length. */
 const SHA256_HEADER = "X-Lean-Sha256";
@@ -79,6 +84,8 @@ export interface OpenOptions {
   partBytes?: number;
   /** The waits before retries (tests); default {@link RETRY_DELAYS_MS}. */
   retryDelaysMs?: readonly number[];
+  /** How long a request may bring no byte (tests); default {@link STALL_MS}. */
+  stallMs?: number;
 }
 
 const fileError = (message: string) => leanError(ErrorName.ModelFile, message);
@@ -437,6 +444,31 @@ const encoded = (response: Response) => {
 
 const retryableStatus = (status: number) => status === 408 || status === 429 || status >= 500;
 
+/** Ends the connection of a response from {@link watchedFetch}. */
+const aborts = new WeakMap<Response, () => void>();
+
+/**
+ * fetch, given up when no answer comes within `stallMs`; the response's connection can be ended
+ * later through `aborts` (a stalled body).
+ */
+async function watchedFetch(deps: FileDeps, url: string, headers: Record<string, string>, stallMs: number): Promise<Response> {
+  const controller = new AbortController();
+  let stalled = false;
+  const timer = setTimeout(() => {
+    stalled = true;
+    controller.abort();
+  }, stallMs);
+  try {
+    const response = await deps.fetch(url, { headers, signal: controller.signal });
+    aborts.set(response, () => controller.abort());
+    return response;
+  } catch (e) {
+    throw stalled ? new Error(`no answer in ${stallMs / 1000} s`) : e;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 // --- URLs -----------------------------------------------------------------------------------
 
 async function openUrl(
@@ -462,9 +494,10 @@ async function openUrl(
     }
   }
 
+  const stallMs = options.stallMs ?? STALL_MS;
   const fetchFile = async (headers: Record<string, string>) => {
     try {
-      return await deps.fetch(url, { headers });
+      return await watchedFetch(deps, url, headers, stallMs);
     } catch (e) {
       throw fileError(`${file.name}: cannot fetch ${url} (${describe(e)})`);
     }
@@ -685,19 +718,35 @@ async function download(
 
 /**
  * Reads `body` to its end into `deliver`; returns the bytes read. A read that fails is a
- * TransferFailure.
+ * TransferFailure; so is one that waits more than `stallMs` (then `abort` ends the connection).
  */
-async function readBody(body: ReadableStream<Uint8Array>, deliver: (chunk: Uint8Array) => void): Promise<number> {
+async function readBody(
+  body: ReadableStream<Uint8Array>,
+  deliver: (chunk: Uint8Array) => void,
+  stall?: { ms: number; abort: (() => void) | undefined },
+): Promise<number> {
   const reader = body.getReader();
   let read = 0;
   try {
     for (;;) {
       let next: ReadableStreamReadResult<Uint8Array>;
+      let stalled = false;
+      const timer =
+        stall &&
+        setTimeout(() => {
+          stalled = true;
+          stall.abort?.();
+          // Ends the pending read (done) whether or not the fetch heeds its signal.
+          reader.cancel().catch(() => undefined);
+        }, stall.ms);
       try {
         next = await reader.read();
       } catch (e) {
-        throw new TransferFailure(describe(e));
+        throw new TransferFailure(stalled ? `no data for ${stall!.ms / 1000} s` : describe(e));
+      } finally {
+        clearTimeout(timer);
       }
+      if (stalled) throw new TransferFailure(`no data for ${stall!.ms / 1000} s`);
       if (next.done) return read;
       read += next.value.length;
       deliver(next.value);
@@ -720,6 +769,7 @@ async function fromNetwork(
 ): Promise<void> {
   const { file, url, deps, options, size, validator } = d;
   const delays = options.retryDelaysMs ?? RETRY_DELAYS_MS;
+  const stallMs = options.stallMs ?? STALL_MS;
   const sleep = deps.sleep ?? ((ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms)));
   // Range requests: unless the server said it has none, or compressed the body.
   const ranges = d.first.headers.get("Accept-Ranges")?.trim().toLowerCase() !== "none" && !encoded(d.first);
@@ -738,7 +788,8 @@ async function fromNetwork(
       const { response, start } = current;
       current = null;
       const skip = before - start;
-      const read = await readBody(response.body!, skip > 0 ? skipping(skip, deliver) : deliver);
+      const stall = { ms: stallMs, abort: aborts.get(response) };
+      const read = await readBody(response.body!, skip > 0 ? skipping(skip, deliver) : deliver, stall);
       const at = position();
       if (size === null || at === size) return;
       // The body ended short of the size: broken off, unless it was as long as it said.
@@ -771,7 +822,7 @@ async function fromNetwork(
     }
     let response: Response;
     try {
-      response = await deps.fetch(url, { headers });
+      response = await watchedFetch(deps, url, headers, stallMs);
     } catch (e) {
       throw new TransferFailure(describe(e));
     }
@@ -824,16 +875,20 @@ async function fromNetwork(
    */
   function skipping(count: number, next: (chunk: Uint8Array) => void) {
     const expected = hash.hex();
-    const again = deps.sha256();
+    // The hash of the bytes sent again: freed once they are all in (if the body fails midway,
+    // wasm-bindgen's FinalizationRegistry frees it).
+    let again: Sha256Hasher | null = null;
     let left = count;
     return (chunk: Uint8Array) => {
       if (left > 0) {
         const take = Math.min(left, chunk.length);
+        again ??= deps.sha256();
         again.update(chunk.subarray(0, take));
         left -= take;
         if (left === 0) {
           const actual = again.hex();
           again.free();
+          again = null;
           if (actual !== expected) {
             throw corrupt(`${file.name}: the file changed during the download (the server sent its first ${count} bytes again, and they differ)`);
           }

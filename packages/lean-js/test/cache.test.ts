@@ -104,6 +104,7 @@ interface Sent {
   url: string;
   range: string | null;
   ifRange: string | null;
+  signal?: AbortSignal | null;
 }
 
 let storage: MemoryCacheStorage;
@@ -118,7 +119,7 @@ const deps = (): FileDeps => ({
     const headers = new Headers(init?.headers);
     const sent = { url: String(input), range: headers.get("Range"), ifRange: headers.get("If-Range") };
     fetches.push(sent);
-    return serve(String(input), sent);
+    return serve(String(input), { ...sent, signal: init?.signal });
   }) as typeof fetch,
   sha256: () => new NodeSha256(),
   sleep: async (ms) => {
@@ -285,6 +286,39 @@ describe("openModelFile from a URL", () => {
     };
     expect((await load(wire())).bytes).toEqual(bytesA);
     expect(fetches.map((f) => f.range)).toEqual([null, "bytes=5000-", "bytes=5000-", "bytes=5000-"]);
+  });
+
+  it("gives up a stalled body or an answer that never comes, and resumes", async () => {
+    // The body stops sending after 4500 bytes and never ends; the retry's answer never comes
+    // unless the fetch is aborted; the third request is answered.
+    let n = 0;
+    serve = (_url, request) => {
+      n++;
+      if (n === 1) {
+        let at = 0;
+        return new Response(
+          new ReadableStream<Uint8Array>({
+            pull: (controller) => {
+              if (at >= 4500) return new Promise<void>(() => {});
+              controller.enqueue(bytesA.slice(at, at + 1500));
+              at += 1500;
+            },
+          }),
+          { headers: { "Content-Length": "10000", ETag: '"v1"' } },
+        );
+      }
+      if (n === 2) {
+        return new Promise<Response>((_, reject) =>
+          request.signal!.addEventListener("abort", () => reject(new DOMException("aborted", "AbortError"))),
+        ) as unknown as Response;
+      }
+      return answer(bytesA, request);
+    };
+    const loaded = await load(wire(), deps(), { ...options(), stallMs: 30 });
+    expect(loaded.bytes).toEqual(bytesA);
+    expect(fetches.map((f) => f.range)).toEqual([null, "bytes=4500-", "bytes=4500-"]);
+    expect(sleeps).toEqual([250, 1000]);
+    expect(await stateA()).toMatchObject({ manifest: { complete: true } });
   });
 
   it("a server without Range support: the whole file again, its first bytes checked and skipped", async () => {
@@ -530,6 +564,14 @@ describe("openModelFile from a URL", () => {
     const failing = { ...deps(), fetch: (() => Promise.reject(new TypeError("Failed to fetch"))) as typeof fetch };
     await expect(openModelFile(wire(), failing, options())).rejects.toThrow(
       `${URL_A}: cannot fetch ${URL_A} (Failed to fetch)`,
+    );
+    const silent = {
+      ...deps(),
+      fetch: ((_: unknown, init: RequestInit) =>
+        new Promise((_, reject) => init.signal!.addEventListener("abort", () => reject(new DOMException("aborted", "AbortError"))))) as typeof fetch,
+    };
+    await expect(openModelFile(wire(), silent, { ...options(), stallMs: 20 })).rejects.toThrow(
+      `${URL_A}: cannot fetch ${URL_A} (no answer in 0.02 s)`,
     );
   });
 });
