@@ -451,7 +451,12 @@ const aborts = new WeakMap<Response, () => void>();
  * fetch, given up when no answer comes within `stallMs`; the response's connection can be ended
  * later through `aborts` (a stalled body).
  */
-async function watchedFetch(deps: FileDeps, url: string, headers: Record<string, string>, stallMs: number): Promise<Response> {
+async function watchedFetch(
+  deps: FileDeps,
+  url: string,
+  headers: Record<string, string>,
+  stallMs: number,
+): Promise<Response> {
   const controller = new AbortController();
   let stalled = false;
   const timer = setTimeout(() => {
@@ -606,9 +611,11 @@ function cachedParts(file: WireFile, url: string, cache: Cache, manifest: Manife
           const part = await cache.match(partKey(url, i));
           if (!part?.body) throw new Error(`part ${i} of the cached copy is missing`);
           const length = Math.min(manifest.partBytes, size - at);
-          await pump({ ...file, name: `${file.name} (part ${i})`, size: length, sha256: null }, part.body, deps, onChunk);
+          const before = at;
+          const progress = onProgress && ((loaded: number) => onProgress(before + loaded));
+          const expected = { ...file, name: `${file.name} (part ${i})`, size: length, sha256: null };
+          await pump(expected, part.body, deps, onChunk, progress);
           at += length;
-          onProgress?.(at);
         }
         if (at !== size) throw new Error(`the cached copy has ${at} bytes, not ${size}`);
       } catch (e) {
@@ -835,16 +842,25 @@ async function fromNetwork(
       if (c) throw c;
       const range = contentRange(response);
       const length = headerNumber(response, "Content-Length");
-      if (range === "bad") throw corrupt(`${file.name}: the server answered a bad Content-Range (${response.headers.get("Content-Range")})`);
+      if (range === "bad") {
+        const value = response.headers.get("Content-Range");
+        throw corrupt(`${file.name}: the server answered a bad Content-Range (${value})`);
+      }
       if (range && range.first !== at) {
         throw corrupt(`${file.name}: asked for bytes ${at}-, the server sent bytes ${range.first}-${range.last}`);
       }
       const total = range ? range.total : length === null ? null : at + length;
       if (size !== null && total !== null && total !== size) {
-        throw corrupt(`${file.name}: the server now says the file has ${total} bytes, not ${size} (the file changed during the download?)`);
+        throw corrupt(
+          `${file.name}: the server now says the file has ${total} bytes, not ${size} ` +
+            "(the file changed during the download?)",
+        );
       }
       if (range && length !== null && length !== range.last - range.first + 1) {
-        throw corrupt(`${file.name}: the server's Content-Length ${length} disagrees with its Content-Range ${range.first}-${range.last}`);
+        throw corrupt(
+          `${file.name}: the server's Content-Length ${length} disagrees with its Content-Range ` +
+            `${range.first}-${range.last}`,
+        );
       }
       return { response, start: at };
     }
@@ -862,7 +878,9 @@ async function fromNetwork(
       return { response, start: 0 };
     }
     await response.body?.cancel().catch(() => undefined);
-    if (retryableStatus(response.status)) throw new TransferFailure(`HTTP ${response.status} ${response.statusText}`.trim());
+    if (retryableStatus(response.status)) {
+      throw new TransferFailure(`HTTP ${response.status} ${response.statusText}`.trim());
+    }
     if (response.status === 416) {
       throw corrupt(`${file.name}: the server refused bytes ${at}- (HTTP 416): the file changed during the download?`);
     }
@@ -890,7 +908,10 @@ async function fromNetwork(
           again.free();
           again = null;
           if (actual !== expected) {
-            throw corrupt(`${file.name}: the file changed during the download (the server sent its first ${count} bytes again, and they differ)`);
+            throw corrupt(
+              `${file.name}: the file changed during the download ` +
+                `(the server sent its first ${count} bytes again, and they differ)`,
+            );
           }
         }
         if (take === chunk.length) return;
