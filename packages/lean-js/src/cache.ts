@@ -240,6 +240,12 @@ class PartWriter {
   failure: unknown = null;
   /** Writing stopped (a put cancelled its stream); `failure` comes with that put's rejection. */
   #stopped = false;
+  /** Parts started but not (yet) counted by the manifest. */
+  #pendingParts = 0;
+  /** Each part's put: whether it stored the part. */
+  #puts: Promise<boolean>[] = [];
+  /** A part was not stored: the ones after it cannot count either. */
+  #gap = false;
 
   constructor(cache: Cache, url: string, name: string, manifest: Manifest, options: OpenOptions) {
     this.#cache = cache;
@@ -308,9 +314,6 @@ class PartWriter {
     this.#inPart = 0;
   }
 
-  #pendingParts = 0;
-  #puts: Promise<boolean>[] = [];
-
   #endPart(): void {
     try {
       this.#controller?.close();
@@ -320,7 +323,8 @@ class PartWriter {
     this.#controller = null;
     const stored = this.#puts[this.#puts.length - 1]!;
     this.#chain = this.#chain.then(async () => {
-      if (!(await stored)) return;
+      this.#gap ||= !(await stored);
+      if (this.#gap) return;
       this.manifest.parts++;
       this.#pendingParts--;
       await writeManifest(this.#cache, this.#url, { ...this.manifest }).catch((e: unknown) => this.#fail(e));
@@ -672,15 +676,15 @@ async function download(
         const part = await cache.match(partKey(url, i)).catch(() => undefined);
         if (!part?.body) break;
         const before = at;
+        const damaged = (why: string) =>
+          corrupt(`${file.name}: the kept part ${i} of the download ${why} (it was removed: load the model again)`);
         try {
           await readBody(part.body, deliver);
         } catch (e) {
           if (corruptErrors.has(e as object)) throw e;
-          throw corrupt(`${file.name}: the kept part ${i} of the download cannot be read (${describe(e)})`);
+          throw damaged(`cannot be read (${describe(e)})`);
         }
-        if (at - before !== partBytes) {
-          throw corrupt(`${file.name}: the kept part ${i} of the download has ${at - before} bytes, not ${partBytes}`);
-        }
+        if (at - before !== partBytes) throw damaged(`has ${at - before} bytes, not ${partBytes}`);
       }
     }
     if (cache) {
@@ -711,6 +715,7 @@ async function download(
   } catch (e) {
     const keep = !corruptErrors.has(e as object);
     if (writer) await writer.abandon(e, keep);
+    else if (cache && !keep) await dropParts(cache, url);
     if (keep && writer && e instanceof Error && e.name === ErrorName.ModelFile) {
       const stored = await writer.keptBytes();
       if (stored > 0) {

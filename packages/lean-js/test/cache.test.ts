@@ -497,6 +497,20 @@ describe("openModelFile from a URL", () => {
     expect(await stateA()).toMatchObject({ parts: 4, manifest: { complete: true } });
   });
 
+  it("across loads: a kept part of the wrong length is an error that removes every part", async () => {
+    serve = flaky([7500, 0, 0, 0]);
+    await expect(load(wire())).rejects.toThrow("6000 bytes are kept");
+    const cache = await storage.open("test");
+    cache.entries.get(partKey(URL_A, 1))!.body = bytesA.slice(3000, 5999);
+    serve = (_url, request) => answer(bytesA, request);
+    await expect(load(wire())).rejects.toMatchObject({
+      name: "ModelFileError",
+      message: `${URL_A}: the kept part 1 of the download has 2999 bytes, not 3000 (it was removed: load the model again)`,
+    });
+    expect(cache.entries.size).toBe(0);
+    expect((await load(wire())).bytes).toEqual(bytesA);
+  });
+
   it("keeps no parts of a file whose change could not be told (no validator, no sha256)", async () => {
     serve = flaky([7500, 0, 0, 0], bytesA, { etag: null });
     await expect(load(wire({ sha256: null }))).rejects.toThrow("6000 bytes are kept");
