@@ -3,7 +3,8 @@
 # pinned Playwright (npm ci in playwright/; the browsers are the system's, from scripts/setup.sh),
 # then checks greedy ids against the HF fixtures in Chromium and Firefox on the simd and threads
 # backends for every test model (tests/parity.spec.js), lean-js's stopping and caching
-# (tests/lean-js.spec.js), the demo's two pages (tests/demo.spec.js) and an app made with `npm create vite` on the packed lean-js
+# (tests/lean-js.spec.js), downloads that survive a cut connection, a lost network and a lying
+# server (tests/downloads.spec.js), the demo's two pages (tests/demo.spec.js) and an app made with `npm create vite` on the packed lean-js
 # (tests/vite-app.spec.js, built by scripts/test-vite-app.sh), and prints the speed table and
 # one closing line `browser: N passed, N failed`.
 # Arguments go to `playwright test` (e.g. --project chromium, -g threads).

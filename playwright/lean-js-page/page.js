@@ -402,4 +402,8 @@ window.leanJs = {
 
   deleteCached: () => deleteCached(),
   listCached: async () => (await listCached()).map(({ url, bytes }) => ({ url, bytes })),
+  /** listCached with each file's sha256 (computed as it downloaded, so it tells the bytes stored). */
+  listCachedSha: async () => (await listCached()).map(({ url, bytes, sha256 }) => ({ url, bytes, sha256 })),
+  /** Every key in lean-js's cache: complete files, partial downloads' manifests and parts. */
+  cacheKeys: async () => (await (await caches.open("lean-models-v1")).keys()).map((r) => r.url),
 };

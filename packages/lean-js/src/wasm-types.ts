@@ -51,6 +51,17 @@ export interface WasmGpuModelLoader {
   free(): void;
 }
 
+/** A streaming SHA-256 (rust/lean-wasm/src/sha256.rs): cache.ts's Sha256Hasher. */
+export interface WasmSha256 {
+  update(chunk: Uint8Array): void;
+  /** An independent copy of the state. */
+  fork(): WasmSha256;
+  /** The digest so far as lowercase hex; the hash can go on. */
+  hex(): string;
+  readonly bytes: number;
+  free(): void;
+}
+
 export interface WasmModule {
   /**
    * wasm-bindgen's init: fetches and instantiates the .wasm next to the glue, or (a thread of the
@@ -60,6 +71,7 @@ export interface WasmModule {
   ModelLoader: new (totalBytes: number) => WasmModelLoader;
   /** Opens a WebGPU device and compiles the kernels (both builds have it). */
   GpuModelLoader: { open(totalBytes: number): Promise<WasmGpuModelLoader> };
+  Sha256: new () => WasmSha256;
   backend(): string;
   takePanicMessage(): string | undefined;
   /** Multi-thread build only: starts rayon's pool of `threads` Web Workers. */

@@ -178,7 +178,13 @@ async function load(request: LoadRequest): Promise<void> {
     post({ type: "poolStarted", id: request.id });
   }
 
-  const deps = { fetch: globalThis.fetch.bind(globalThis), caches: globalThis.caches as CacheStorage | undefined };
+  const hashing = wasm;
+  const deps = {
+    fetch: globalThis.fetch.bind(globalThis),
+    caches: globalThis.caches as CacheStorage | undefined,
+    // Downloads are verified with the module's SHA-256 (RustCrypto's sha2).
+    sha256: () => new hashing.Sha256(),
+  };
   const options = {
     cacheName: request.cacheName,
     warn: (message: string) => post({ type: "warning", id: request.id, message }),

@@ -6,6 +6,7 @@
 import { beforeAll, describe, expect, it, vi } from "vitest";
 import type { Reply, Request } from "../src/protocol.js";
 import type { WasmModule } from "../src/wasm-types.js";
+import { NodeSha256 } from "./node-sha256.js";
 
 let panicMessage: string | undefined;
 
@@ -69,6 +70,7 @@ const fakeModule: WasmModule = {
       throw new Error("no WebGPU in this test");
     },
   },
+  Sha256: NodeSha256,
   backend: () => "simd",
   takePanicMessage: () => {
     const message = panicMessage;

@@ -30,6 +30,7 @@ use std::cell::{RefCell, RefMut};
 use std::sync::{Arc, Mutex};
 use wasm_bindgen::prelude::*;
 
+pub mod sha256;
 #[cfg(feature = "threads")]
 pub mod threads;
 
