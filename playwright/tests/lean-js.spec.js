@@ -18,7 +18,7 @@
 // - tool calls: a call forced by tool_choice through chat.completions (whole and streamed) gives
 //   exactly lean-cli's native call (fixtures/tools, scripts/gen_tool_fixtures.py; SmolLM2's
 //   template takes no tools: lean's fallback), its syntax never streamed as content; on simd
-//   and threads;
+//   and threads; the call's result sent back as a "tool" message gives lean-cli's answer;
 // Model: smollm2-135m-instruct-q4_0, case chat_short of its fixture (fixtures/hf). Needs
 // `npm run build -w lean-js` (scripts/test-browser.sh does it) and $LEAN_MODELS (default
 // models/); a missing model skips, or fails when $CI is set.
@@ -328,7 +328,7 @@ test("webgpu: a JSON-schema-constrained chat gives lean-cli's output; a rejected
 });
 
 for (const backend of ["simd", "threads"]) {
-  test(`${backend}: a forced tool call through chat.completions gives lean-cli's call, whole and streamed`, async ({ page }) => {
+  test(`${backend}: a forced tool call through chat.completions gives lean-cli's call, whole and streamed; its result goes back`, async ({ page }) => {
     requireFiles();
     const c = toolFixture.cases.find((k) => k.name === "forced");
     await openPage(page);
@@ -341,6 +341,13 @@ for (const backend of ["simd", "threads"]) {
     const parameters = toolFixture.tools.find((t) => t.function.name === c.tool_choice).function.parameters;
     expect(schemaErrors(parameters, JSON.parse(r.whole.toolCalls[0].function.arguments))).toEqual([]);
     console.log(`${test.info().project.name} ${backend}: forced tool call, whole ${r.ms.whole} ms, streamed ${r.ms.streamed} ms`);
+
+    // The round trip: the call and its result (role "tool") go back; the model answers in text,
+    // as lean-cli does with the same messages.
+    const back = toolFixture.cases.find((k) => k.name === "round_trip");
+    const answer = await call(page, "toolCall", { messages: back.messages, tools: toolFixture.tools, toolChoice: back.tool_choice, maxTokens: back.max_tokens });
+    expect(answer.whole).toEqual({ content: back.content, toolCalls: undefined, finishReason: back.finish_reason });
+    expect(answer.streamed).toEqual({ content: back.content, toolCalls: [], finishReason: back.finish_reason });
     await call(page, "dispose");
   });
 }
