@@ -16,9 +16,9 @@ mod weights;
 pub use context::GpuContext;
 pub use error::{GpuError, Result};
 pub use kernels::{
-    argmax_len, fresh_rope_supported, matvec_supports, rope_cos_sin, Activation, AttentionShape,
-    FreshTokens, Kernels, MatmulExtras, MatvecExtras, Rope, RopePairing, RowField, StepBuffer,
-    MAX_HEAD_DIM,
+    argmax_len, argmax_masked_len, fresh_rope_supported, mask_words, matvec_supports, rope_cos_sin,
+    Activation, AttentionShape, FreshTokens, Kernels, MatmulExtras, MatvecExtras, Rope,
+    RopePairing, RowField, StepBuffer, MAX_HEAD_DIM, NO_TOKEN,
 };
 pub use plan::Plan;
 pub use session::{GpuModel, GpuSession};

@@ -9,9 +9,9 @@
 use half::f16;
 use lean_gpu::wgpu;
 use lean_gpu::{
-    argmax_len, fresh_rope_supported, rope_cos_sin, Activation, AttentionShape, FreshTokens,
-    GpuContext, GpuError, GpuMatrix, Kernels, MatmulExtras, MatvecExtras, Plan, Rope, RopePairing,
-    RowField, StepBuffer,
+    argmax_len, argmax_masked_len, fresh_rope_supported, mask_words, rope_cos_sin, Activation,
+    AttentionShape, FreshTokens, GpuContext, GpuError, GpuMatrix, Kernels, MatmulExtras,
+    MatvecExtras, Plan, Rope, RopePairing, RowField, StepBuffer, NO_TOKEN,
 };
 use lean_quant::{scalar, TensorType};
 use std::sync::OnceLock;
@@ -1413,6 +1413,86 @@ fn argmax_takes_the_first_maximum() {
     }
 }
 
+/// The masked argmax equals the CPU's (`lean::sampling::argmax_masked`) on awkward vocabulary
+/// sizes: every mask shape (all, none, one token at either end or in the middle, sparse enough
+/// to leave whole spans empty, dense, the maximum disallowed), values with ties, -inf, -0.0,
+/// NaN and subnormals, and bits set past the last token.
+#[test]
+fn masked_argmax_equals_the_cpu() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut rng = Rng(24);
+    let sizes = [
+        1, 2, 31, 32, 33, 1000, 1023, 1025, 4097, 32_001, 49_152, 50_257, 151_936,
+    ];
+    let mut checked = 0;
+    for n in sizes {
+        let random = rng.floats(n, 30.0);
+        // three levels: ties everywhere, across threads, spans and the two passes
+        let ties: Vec<f32> = (0..n).map(|_| (rng.next_u64() % 3) as f32).collect();
+        let special = [
+            f32::NEG_INFINITY,
+            -1e38,
+            f32::NAN,
+            -f32::NAN,
+            -0.0,
+            0.0,
+            1e-40,
+            -1e-40,
+            f32::MIN_POSITIVE,
+        ];
+        let odd: Vec<f32> = (0..n)
+            .map(|_| special[rng.next_u64() as usize % special.len()])
+            .collect();
+        let all_inf = vec![f32::NEG_INFINITY; n];
+        let words = mask_words(n);
+        let result = ctx.storage_f32("masked argmax", argmax_masked_len(n));
+        for values in [&random, &ties, &odd, &all_inf] {
+            let vb = ctx.upload_f32("values", values);
+            let top = lean::sampling::argmax(values) as usize;
+            let one = |i: usize| {
+                let mut m = vec![0u32; words];
+                m[i / 32] |= 1 << (i % 32);
+                m
+            };
+            let mut all = vec![u32::MAX; words];
+            let mut masks = vec![
+                all.clone(),
+                vec![0; words],
+                one(0),
+                one(n - 1),
+                one(n / 2),
+                (0..words)
+                    .map(|_| {
+                        (0..32).fold(0, |m, b| {
+                            m | (rng.next_u64().is_multiple_of(64) as u32) << b
+                        })
+                    })
+                    .collect(),
+                (0..words).map(|_| rng.next_u64() as u32).collect(),
+            ];
+            all[top / 32] &= !(1 << (top % 32));
+            masks.push(all);
+            for mask in masks {
+                let want = lean::sampling::argmax_masked(values, &mask).unwrap_or(NO_TOKEN);
+                let mb = ctx.upload_bytes("mask", bytemuck_u32(&mask));
+                submit(ctx, |e| kernels.argmax_masked(ctx, e, &vb, &mb, &result, n));
+                let got = read_u32(ctx, &result, 1)[0];
+                assert_eq!(got, want, "n {n}, values {:?}..", &values[..n.min(4)]);
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("{checked} masked argmaxes equal the CPU's");
+}
+
+fn read_u32(ctx: &GpuContext, buffer: &wgpu::Buffer, len: usize) -> Vec<u32> {
+    let future = ctx.read_u32(buffer, len);
+    ctx.device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .expect("device alive");
+    pollster::block_on(future).expect("readback")
+}
+
 #[test]
 fn shape_errors_are_typed() {
     let Some((ctx, kernels)) = gpu() else { return };
@@ -1586,6 +1666,16 @@ fn shape_errors_are_typed() {
     }
     assert!(matches!(
         kernels.argmax(ctx, &mut plan, &b, &b, 0),
+        Err(GpuError::Shape(_))
+    ));
+    assert!(matches!(
+        kernels.argmax_masked(ctx, &mut plan, &b, &b, &b, 0),
+        Err(GpuError::Shape(_))
+    ));
+    // a mask too short for the values
+    let short = ctx.storage_f32("mask", 1);
+    assert!(matches!(
+        kernels.argmax_masked(ctx, &mut plan, &b, &short, &b, 4096),
         Err(GpuError::Shape(_))
     ));
     assert!(matches!(

@@ -14,7 +14,7 @@ use crate::cpu::CpuSession;
 use crate::error::{LeanError, Result};
 use crate::model::Model;
 use crate::sampling::{Sampler, SamplingParams};
-use crate::session::{Logits, Session};
+use crate::session::{Logits, Session, TokenMask};
 use crate::speculative::{accepted_prefix, DraftModel, Drafter, Speculation, SpeculationStats};
 use lean_constraint::{Constraint, ConstraintSpec, Vocabulary};
 use lean_tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
@@ -224,6 +224,12 @@ impl Engine {
         self.session.describe()
     }
 
+    /// Bytes the backend has read back from its device so far (`Session::bytes_read`; 0 on
+    /// the CPU).
+    pub fn bytes_read(&self) -> u64 {
+        self.session.bytes_read()
+    }
+
     pub fn context_length(&self) -> usize {
         self.session.context_length()
     }
@@ -329,9 +335,18 @@ impl Engine {
         let mut active = self.prepare(prompt, options)?;
         let t0 = now();
         let fresh = &active.ids[active.timings.cached_tokens..];
-        let result =
-            self.session
-                .forward_last(&self.model, fresh, active.argmax_only, &mut active.logits);
+        let result = match active.constraint.as_mut().filter(|_| active.masked_argmax) {
+            Some(constraint) => self
+                .session
+                .forward_argmax_masked(&self.model, fresh, constraint)
+                .and_then(allowed_token),
+            None => self.session.forward_last(
+                &self.model,
+                fresh,
+                active.argmax_only,
+                &mut active.logits,
+            ),
+        };
         active.next_argmax = self.settle_prefill(&active, result)?;
         active.timings.prefill_seconds = since(t0);
         Ok(active)
@@ -347,10 +362,18 @@ impl Engine {
         let mut active = self.prepare(prompt, options)?;
         let t0 = now();
         let fresh = &active.ids[active.timings.cached_tokens..];
-        let result = self
-            .session
-            .forward_last_async(&self.model, fresh, active.argmax_only, &mut active.logits)
-            .await;
+        let result = match active.constraint.as_mut().filter(|_| active.masked_argmax) {
+            Some(constraint) => self
+                .session
+                .forward_argmax_masked_async(&self.model, fresh, constraint)
+                .await
+                .and_then(allowed_token),
+            None => {
+                self.session
+                    .forward_last_async(&self.model, fresh, active.argmax_only, &mut active.logits)
+                    .await
+            }
+        };
         active.next_argmax = self.settle_prefill(&active, result)?;
         active.timings.prefill_seconds = since(t0);
         Ok(active)
@@ -397,11 +420,14 @@ impl Engine {
             None => None,
         };
         // Plain greedy decoding needs only the argmax: a GPU session then reads back 4 bytes
-        // per token instead of the logits. A constraint needs the logits to mask them (a
-        // masked argmax on the device is not there yet).
-        let argmax_only = sampler.params().is_greedy()
-            && sampler.params().repetition_penalty == 1.0
-            && constraint.is_none();
+        // per token instead of the logits. Greedy under a constraint needs only the argmax over
+        // the allowed tokens: the session takes the mask (a GPU computes it while the pass runs
+        // and takes the masked argmax on the device, 4 bytes again). Sampling under a
+        // constraint still reads the logits back: the warpers and the draw need the whole
+        // allowed distribution.
+        let greedy = sampler.params().is_greedy() && sampler.params().repetition_penalty == 1.0;
+        let argmax_only = greedy && constraint.is_none();
+        let masked_argmax = greedy && constraint.is_some();
         let drafter = match &options.speculation {
             None => None,
             Some(spec) => {
@@ -461,6 +487,7 @@ impl Engine {
             sampler,
             constraint,
             argmax_only,
+            masked_argmax,
             logits: vec![0f32; self.model.config.vocab_size],
             next_argmax: 0,
             pending_forward: None,
@@ -534,6 +561,12 @@ impl Engine {
                             0
                         };
                         self.session.decode_argmax(&self.model, id, ahead)
+                    } else if let Some(constraint) =
+                        active.constraint.as_mut().filter(|_| active.masked_argmax)
+                    {
+                        self.session
+                            .forward_argmax_masked(&self.model, &[id], constraint)
+                            .and_then(allowed_token)
                     } else {
                         self.session
                             .forward_last(&self.model, &[id], false, &mut active.logits)
@@ -676,6 +709,13 @@ impl Engine {
                         self.session
                             .decode_argmax_async(&self.model, id, ahead)
                             .await
+                    } else if let Some(constraint) =
+                        active.constraint.as_mut().filter(|_| active.masked_argmax)
+                    {
+                        self.session
+                            .forward_argmax_masked_async(&self.model, &tokens, constraint)
+                            .await
+                            .and_then(allowed_token)
                     } else {
                         self.session
                             .forward_last_async(&self.model, &tokens, false, &mut active.logits)
@@ -732,7 +772,7 @@ impl Engine {
             return Ok(active.end(None, FinishReason::Length));
         }
         let decided = std::mem::take(&mut active.decided);
-        let id = if active.argmax_only || decided {
+        let id = if active.argmax_only || active.masked_argmax || decided {
             active.next_argmax
         } else {
             if let Some(constraint) = &mut active.constraint {
@@ -841,6 +881,9 @@ pub struct ActiveGeneration {
     /// The constraint being followed, if any (its mask is applied before sampling).
     constraint: Option<Constraint>,
     argmax_only: bool,
+    /// Greedy under the constraint: the session takes the argmax over the allowed tokens
+    /// (`Session::forward_argmax_masked`), so no logits come to the host.
+    masked_argmax: bool,
     /// The last forward's output: its logits, or only their argmax when that is all sampling needs.
     logits: Vec<f32>,
     next_argmax: u32,
@@ -911,4 +954,19 @@ fn new_session_owner() -> u64 {
 
 fn constraint_error(e: lean_constraint::ConstraintError) -> LeanError {
     LeanError::InvalidArgument(e.0)
+}
+
+/// A constraint's allowed tokens, for a session's masked argmax.
+impl TokenMask for Constraint {
+    fn allowed(&mut self) -> Result<&[u32]> {
+        self.mask().map_err(constraint_error)
+    }
+}
+
+/// The id a masked argmax chose; none allowed (a mask of ids the logits do not have: the
+/// constraint itself refuses an empty mask) is an error.
+fn allowed_token(id: Option<u32>) -> Result<u32> {
+    id.ok_or_else(|| {
+        LeanError::InvalidArgument("the constraint allows no token of the vocabulary here".into())
+    })
 }

@@ -29,5 +29,5 @@ pub use lean_tokenizer as tokenizer;
 pub use lean_tokenizer::{ChatMessage, Tokenizer};
 pub use model::{Model, ModelBytes, PartialBytes};
 pub use sampling::SamplingParams;
-pub use session::{Logits, Session};
+pub use session::{Logits, Session, TokenMask};
 pub use speculative::{Speculation, SpeculationStats};

@@ -135,6 +135,33 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// Greedy decoding under a constraint: the index of the largest logit among the tokens `mask`
+/// allows (bit `i % 32` of word `i / 32` for token `i`; tokens past the mask's end are
+/// disallowed, as in `apply_mask`), the first one on ties (as `argmax`). A NaN logit counts as
+/// -inf and -0.0 equals 0.0; an allowed token whose logit is -inf is still chosen when no allowed
+/// one is larger. `None` when no token is allowed. Wherever an allowed logit is a number above
+/// -inf this is `argmax` after `apply_mask`; it is also the GPU's masked argmax
+/// (lean-gpu's argmax_masked.wgsl), bit for bit.
+pub fn argmax_masked(logits: &[f32], mask: &[u32]) -> Option<u32> {
+    let mut best: Option<(usize, f32)> = None;
+    for (w, chunk) in logits.chunks(32).enumerate() {
+        let bits = mask.get(w).copied().unwrap_or(0);
+        if bits == 0 {
+            continue;
+        }
+        for (b, &l) in chunk.iter().enumerate() {
+            if bits >> b & 1 == 0 {
+                continue;
+            }
+            let v = if l.is_nan() { f32::NEG_INFINITY } else { l };
+            if best.is_none_or(|(_, bv)| v > bv) {
+                best = Some((w * 32 + b, v));
+            }
+        }
+    }
+    best.map(|(i, _)| i as u32)
+}
+
 impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Self> {
         params.validate()?;
@@ -277,6 +304,39 @@ mod tests {
     fn greedy_takes_first_max() {
         let mut s = sampler(SamplingParams::default());
         assert_eq!(s.sample(&mut [1.0, 3.0, 3.0, -1.0], &[]), 1);
+    }
+
+    #[test]
+    fn masked_argmax_is_argmax_over_the_allowed() {
+        let mut rng = Rng::new(3);
+        for n in [1usize, 31, 32, 33, 100, 1000] {
+            let logits: Vec<f32> = (0..n)
+                .map(|_| (rng.next_f64() * 8.0) as f32 - 4.0)
+                .collect();
+            let mask: Vec<u32> = (0..n.div_ceil(32)).map(|_| rng.next_u64() as u32).collect();
+            let mut masked = logits.clone();
+            apply_mask(&mut masked, &mask);
+            let allowed = (0..n).any(|i| mask[i / 32] >> (i % 32) & 1 == 1);
+            let want = allowed.then(|| argmax(&masked));
+            assert_eq!(argmax_masked(&logits, &mask), want, "n {n}");
+        }
+        // the first on ties; the max disallowed; tokens past the mask's end disallowed
+        assert_eq!(argmax_masked(&[1.0, 3.0, 3.0, 3.0], &[0b1100]), Some(2));
+        assert_eq!(argmax_masked(&[9.0, 3.0, 1.0], &[0b110]), Some(1));
+        let mut logits = vec![0.0; 40];
+        logits[35] = 5.0;
+        assert_eq!(argmax_masked(&logits, &[1 << 3]), Some(3));
+        // nothing allowed: None, never a panic
+        assert_eq!(argmax_masked(&[1.0, 2.0], &[0]), None);
+        assert_eq!(argmax_masked(&[1.0, 2.0], &[]), None);
+        assert_eq!(argmax_masked(&[], &[u32::MAX]), None);
+        // -inf allowed: still chosen when nothing allowed beats it; NaN counts as -inf
+        let inf = f32::NEG_INFINITY;
+        assert_eq!(argmax_masked(&[5.0, inf, inf], &[0b110]), Some(1));
+        assert_eq!(argmax_masked(&[f32::NAN, inf, -1.0], &[0b011]), Some(0));
+        assert_eq!(argmax_masked(&[f32::NAN, -1e30, -1.0], &[0b011]), Some(1));
+        // -0.0 ties with 0.0: the first wins
+        assert_eq!(argmax_masked(&[-1.0, -0.0, 0.0], &[0b111]), Some(1));
     }
 
     #[test]

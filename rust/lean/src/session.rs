@@ -4,7 +4,7 @@
 //! generation loop and sampling do not know which one runs.
 use crate::error::Result;
 use crate::model::Model;
-use crate::sampling::argmax;
+use crate::sampling::{argmax, argmax_masked};
 use std::future::Future;
 use std::pin::Pin;
 
@@ -29,6 +29,27 @@ pub enum Logits {
     Last,
     /// Every token's (teacher-forced evaluation).
     All,
+}
+
+/// The tokens a constrained step may choose (a JSON schema's, a grammar's): a bitset over the
+/// vocabulary, bit `i % 32` of word `i / 32` for token `i`, ids past its end disallowed.
+/// [`Session::forward_argmax_masked`] asks for it once the step's forward pass is under way, so
+/// that a session whose device computes on its own (a GPU) overlaps the two. The engine's
+/// constraint implements it; a fixed mask (`Vec<u32>`, `&[u32]`) does too.
+pub trait TokenMask {
+    fn allowed(&mut self) -> Result<&[u32]>;
+}
+
+impl TokenMask for Vec<u32> {
+    fn allowed(&mut self) -> Result<&[u32]> {
+        Ok(self)
+    }
+}
+
+impl TokenMask for &[u32] {
+    fn allowed(&mut self) -> Result<&[u32]> {
+        Ok(self)
+    }
 }
 
 pub trait Session: MaybeSend {
@@ -56,6 +77,43 @@ pub trait Session: MaybeSend {
         let mut id = 0;
         self.forward(model, tokens, Logits::Last, &mut |_, l| id = argmax(l))?;
         Ok(id)
+    }
+
+    /// Greedy decoding under a constraint: runs `tokens`, asks `mask` for the allowed tokens and
+    /// returns the argmax of the last token's logits over them (`sampling::argmax_masked`: the
+    /// first on ties; `None` when no token is allowed). A GPU backend overrides it to compute
+    /// the mask while the device runs the pass, then upload it and take the masked argmax on
+    /// the device: 4 bytes come back instead of the logits. The default computes the mask first
+    /// (a CPU's forward pass keeps every core busy) and never copies the logits.
+    fn forward_argmax_masked(
+        &mut self,
+        model: &Model,
+        tokens: &[u32],
+        mask: &mut dyn TokenMask,
+    ) -> Result<Option<u32>> {
+        let allowed = mask.allowed()?;
+        let mut id = None;
+        self.forward(model, tokens, Logits::Last, &mut |_, l| {
+            id = argmax_masked(l, allowed)
+        })?;
+        Ok(id)
+    }
+
+    /// `forward_argmax_masked` without blocking (see `forward_last_async`).
+    fn forward_argmax_masked_async<'a>(
+        &'a mut self,
+        model: &'a Model,
+        tokens: &'a [u32],
+        mask: &'a mut dyn TokenMask,
+    ) -> LocalFuture<'a, Result<Option<u32>>> {
+        let result = self.forward_argmax_masked(model, tokens, mask);
+        Box::pin(std::future::ready(result))
+    }
+
+    /// Bytes this session has read back from its device so far (logits, argmax ids): 0 for a
+    /// backend that computes in host memory. Tests check with it what a token costs.
+    fn bytes_read(&self) -> u64 {
+        0
     }
 
     /// Runs `tokens` and returns the argmax of every token's logits: speculative decoding's

@@ -4,8 +4,9 @@
 //! One module per kernel family, each holding its params structs, checks, pipeline creation and
 //! dispatch: matvec (decode's products), matmul (prefill's), embed, norm (rms_norm,
 //! rms_norm_add, head_rms_norm), rope_kv_store, attention (split-K, combine, prefill), gated
-//! (act(gate) · up) and argmax. This module holds `Kernels` (every pipeline, made in
-//! `Kernels::new`), the helpers they share, and `wgsl`, which assembles every shader's source.
+//! (act(gate) · up), argmax and argmax_masked (greedy under a constraint). This module holds
+//! `Kernels` (every pipeline, made in `Kernels::new`), the helpers they share, and `wgsl`, which
+//! assembles every shader's source.
 //!
 //! The matvec, matmul and embed kernels are one shader per tensor type, assembled at pipeline
 //! creation as `bytes.wgsl + units.wgsl + activation.wgsl + quant_<type>.wgsl + <skeleton>`:
@@ -50,6 +51,7 @@ use crate::plan::Plan;
 use lean_gguf::TensorType;
 
 mod argmax;
+mod argmax_masked;
 mod attention;
 mod embed;
 mod gated;
@@ -62,6 +64,7 @@ mod shaders_test;
 mod wgsl;
 
 pub use argmax::argmax_len;
+pub use argmax_masked::{argmax_masked_len, mask_words, NO_TOKEN};
 pub use attention::{fresh_rope_supported, AttentionShape, FreshTokens, MAX_HEAD_DIM};
 pub use gated::Activation;
 pub use matmul::MatmulExtras;
@@ -83,6 +86,7 @@ pub struct Kernels {
     attention: attention::AttentionPipelines,
     gated: wgpu::ComputePipeline,
     argmax: argmax::ArgmaxPipelines,
+    argmax_masked: argmax_masked::ArgmaxMaskedPipelines,
 }
 
 impl Kernels {
@@ -122,6 +126,7 @@ impl Kernels {
             attention: attention::AttentionPipelines::new(ctx),
             gated: gated::pipeline(ctx),
             argmax: argmax::ArgmaxPipelines::new(ctx),
+            argmax_masked: argmax_masked::ArgmaxMaskedPipelines::new(ctx),
         };
         match scope.pop().await {
             Some(e) => Err(GpuError::Shader(e.to_string())),

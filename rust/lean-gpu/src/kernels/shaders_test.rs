@@ -17,6 +17,7 @@ fn every_variant() -> Vec<Variant> {
         super::attention::variants(),
         super::gated::variants(),
         super::argmax::variants(),
+        super::argmax_masked::variants(),
     ]
     .into_iter()
     .flatten()
@@ -69,7 +70,7 @@ fn every_shader_variant_validates_with_naga() {
         }
     }
     // 7 types: matvec (2 reductions), matmul, embed; attention 3 + 3 + 2; the rest
-    assert_eq!(variants.len(), 7 * 4 + 1 + 2 + 1 + 8 + 1 + 1);
+    assert_eq!(variants.len(), 7 * 4 + 1 + 2 + 1 + 8 + 1 + 1 + 1);
     eprintln!(
         "{} modules, {pipelines} pipelines validated",
         variants.len()

@@ -1,13 +1,27 @@
 //! Running recorded plans: prefill chunks, greedy decode passes (up to DECODE_AHEAD queued
-//! ahead, their ids read back through a ring of staging buffers), waiting for and reading back
-//! results.
-use super::{GpuSession, Output, LOGITS_CHUNK};
+//! ahead, their ids read back through a ring of staging buffers), constrained greedy steps (the
+//! mask uploaded while the pass runs, the masked argmax's id read back), waiting for and reading
+//! back results.
+use super::{to_lean, GpuSession, Output, LOGITS_CHUNK};
 use crate::context::{GpuContext, MapRequest};
 use crate::error::{GpuError, Result};
+use crate::kernels::{mask_words, NO_TOKEN};
 use crate::plan::Plan;
 use crate::profile::Profiler;
-use lean::LeanError;
+use lean::{LeanError, TokenMask};
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+
+/// What a readback brought to the host, counted in `GpuSession::bytes_read`.
+pub(super) trait HostBytes {
+    fn host_bytes(&self) -> usize;
+}
+
+impl<T: bytemuck::Pod> HostBytes for Vec<T> {
+    fn host_bytes(&self) -> usize {
+        std::mem::size_of_val(self.as_slice())
+    }
+}
 
 /// Greedy decode passes queued beyond the one whose id is awaited. Chromium on an H200 answered
 /// a decode pass's readback about 3 ms after its submit however short the pass (BENCHMARKS.md,
@@ -153,7 +167,7 @@ impl GpuSession {
 
     /// Waits for the submitted work and resolves a readback, blocking this thread (natively).
     #[cfg(not(target_arch = "wasm32"))]
-    pub(super) fn wait<T>(
+    pub(super) fn wait<T: HostBytes>(
         &self,
         future: impl std::future::Future<Output = Result<T>>,
     ) -> Result<T> {
@@ -163,13 +177,19 @@ impl GpuSession {
             .map_err(|e| GpuError::Device(e.to_string()))?;
         let value = pollster::block_on(future)?;
         self.ctx.take_error()?;
+        self.count_read(value.host_bytes());
         Ok(value)
+    }
+
+    /// Books `bytes` read back (`Session::bytes_read`).
+    fn count_read(&self, bytes: usize) {
+        self.bytes_read.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
     /// A browser cannot block: its readbacks complete on the event loop, so the synchronous
     /// entry points refuse and name the asynchronous ones.
     #[cfg(target_arch = "wasm32")]
-    pub(super) fn wait<T>(
+    pub(super) fn wait<T: HostBytes>(
         &self,
         _future: impl std::future::Future<Output = Result<T>>,
     ) -> Result<T> {
@@ -179,12 +199,13 @@ impl GpuSession {
     }
 
     /// Awaits a readback of the submitted work (never blocks).
-    pub(super) async fn settle<T>(
+    pub(super) async fn settle<T: HostBytes>(
         &self,
         future: impl std::future::Future<Output = Result<T>>,
     ) -> Result<T> {
         let value = future.await?;
         self.ctx.take_error()?;
+        self.count_read(value.host_bytes());
         Ok(value)
     }
 
@@ -300,6 +321,7 @@ impl GpuSession {
             .read_mapped(&p.map, &self.decoded.staging[p.slot], 4)
             .await?;
         self.ctx.take_error()?;
+        self.count_read(bytes.len());
         Ok(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
     }
 
@@ -309,6 +331,95 @@ impl GpuSession {
             self.read_oldest().await?;
         }
         Ok(())
+    }
+
+    /// Greedy decoding under a constraint (`Session::forward_argmax_masked`): submits the pass
+    /// of `tokens`, asks `mask` for the allowed tokens while the device runs it (the constraint's
+    /// work on the CPU overlaps the forward pass), uploads them, and takes the masked argmax on
+    /// the device: its id (4 bytes) is all that comes back.
+    pub(super) async fn argmax_masked(
+        &mut self,
+        tokens: &[u32],
+        mask: &mut dyn TokenMask,
+    ) -> lean::Result<Option<u32>> {
+        self.discard_ahead();
+        self.check(tokens)?;
+        let last = self.run_prefix(tokens).map_err(to_lean)?;
+        self.run_chunk(last, Output::Last).map_err(to_lean)?;
+        let allowed = mask.allowed()?;
+        let id = self.submit_masked_argmax(allowed).await.map_err(to_lean)?;
+        Ok((id != NO_TOKEN).then_some(id))
+    }
+
+    /// Uploads `allowed` (ids past its end disallowed) and runs the masked argmax over the
+    /// logits of the pass submitted last; returns its id, or NO_TOKEN.
+    async fn submit_masked_argmax(&mut self, allowed: &[u32]) -> Result<u32> {
+        let vocab = self.model.config.vocab_size;
+        let words = mask_words(vocab);
+        let padded;
+        let upload = if allowed.len() >= words {
+            &allowed[..words]
+        } else {
+            padded = [allowed, &vec![0; words - allowed.len()]].concat();
+            &padded
+        };
+        self.ctx
+            .queue
+            .write_buffer(&self.act.mask, 0, bytemuck::cast_slice(upload));
+        if self.masked_plan.is_none() {
+            let mut plan = Plan::new();
+            let a = &self.act;
+            let mask = &a.mask;
+            self.kernels.argmax_masked(
+                &self.ctx,
+                &mut plan,
+                &a.logits,
+                mask,
+                &a.argmax_masked,
+                vocab,
+            )?;
+            self.masked_plan = Some(plan);
+        }
+        let plan = self.masked_plan.as_ref().expect("recorded above");
+        // A staging buffer per call (4 bytes): a future dropped before its map resolves leaves
+        // nothing mapped behind it.
+        let staging = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("masked argmax id"),
+            size: 4,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = self
+            .ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("lean masked argmax"),
+            });
+        let profiled = match &self.profiler {
+            Some(profiler) => profiler.encode(plan, &mut encoder),
+            None => {
+                plan.encode(&mut encoder);
+                None
+            }
+        };
+        encoder.copy_buffer_to_buffer(&self.act.argmax_masked, 0, &staging, 0, 4);
+        let submission = self.ctx.queue.submit([encoder.finish()]);
+        if let (Some(profiler), Some(n)) = (self.profiler.as_mut(), profiled) {
+            profiler.collect(&self.ctx, "masked argmax", plan, n);
+        }
+        let map = self.ctx.request_map(&staging);
+        self.ctx.take_error()?;
+        self.ctx
+            .device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(submission),
+                timeout: None,
+            })
+            .map_err(|e| GpuError::Device(e.to_string()))?;
+        let bytes = self.ctx.read_mapped(&map, &staging, 4).await?;
+        self.ctx.take_error()?;
+        self.count_read(bytes.len());
+        Ok(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
     }
 
     pub(super) fn check(&self, tokens: &[u32]) -> lean::Result<()> {

@@ -76,6 +76,10 @@ pub(super) struct Activations {
     pub(super) logits: wgpu::Buffer,
     pub(super) logits_all: Option<wgpu::Buffer>,
     pub(super) argmax: wgpu::Buffer,
+    /// A constrained step's allowed tokens (a bitset over the vocabulary), uploaded per step,
+    /// and the masked argmax's result (then its first pass's scratch).
+    pub(super) mask: wgpu::Buffer,
+    pub(super) argmax_masked: wgpu::Buffer,
 }
 
 /// An RMS norm's weights, zero-padded to whole units (32 elements): a matvec that fuses the norm
@@ -291,6 +295,11 @@ impl GpuSession {
             logits: ctx.storage_f32("logits", c.vocab_size),
             logits_all: None,
             argmax: ctx.storage_f32("argmax", crate::kernels::argmax_len(c.vocab_size)),
+            mask: ctx.storage_f32("token mask", crate::kernels::mask_words(c.vocab_size)),
+            argmax_masked: ctx.storage_f32(
+                "masked argmax",
+                crate::kernels::argmax_masked_len(c.vocab_size),
+            ),
         };
         if let Some(e) = scope.pop().await {
             return Err(GpuError::Device(format!(
@@ -312,6 +321,8 @@ impl GpuSession {
             pos: 0,
             decode_plan: None,
             short_plans: Vec::new(),
+            masked_plan: None,
+            bytes_read: Default::default(),
             decoded: DecodedIds::new(&ctx_for_ids),
             ahead: None,
             queued: 0,

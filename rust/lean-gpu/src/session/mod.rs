@@ -3,8 +3,8 @@
 //!
 //! A step (a prefill chunk or one decoded token) is one command buffer and one submit: the
 //! token ids and the position are written into small buffers, the recorded plan replays, and
-//! only what the caller needs comes back: the argmax id (4 bytes) for greedy decoding, else the
-//! logits. The decode plan (one token) is recorded once; prefill plans per chunk size.
+//! only what the caller needs comes back: the argmax id (4 bytes) for greedy decoding (under a
+//! constraint too: the mask goes up, the masked argmax id comes back), else the logits. The decode plan (one token) is recorded once; prefill plans per chunk size.
 //!
 //! A layer's dispatches when decoding one token: one matvec of the stacked q|k|v matrix with
 //! the attention RMS norm and the bias fused in, writing the row [q | k | v]; attention (which
@@ -42,7 +42,8 @@ use crate::kernels::{Kernels, StepBuffer};
 use crate::plan::Plan;
 use crate::profile::Profiler;
 use lean::session::LocalFuture;
-use lean::{LeanError, Logits, Model, Session};
+use lean::{LeanError, Logits, Model, Session, TokenMask};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Tokens per prefill submit (at most the context): bounds the activations. Long chunks keep a
@@ -71,6 +72,11 @@ pub struct GpuSession {
     /// verification passes): recording one makes a bind group per dispatch, which cost ten
     /// decode steps' time on an H200.
     short_plans: Vec<(usize, Output, Plan)>,
+    /// The masked argmax over the last token's logits (`forward_argmax_masked`), recorded on
+    /// first use.
+    masked_plan: Option<Plan>,
+    /// Bytes read back from the device (`Session::bytes_read`).
+    bytes_read: AtomicU64,
     decoded: DecodedIds,
     /// Set while decode passes are queued ahead (`decode_argmax` with `ahead`): the id the
     /// first of them runs, read back by the previous call.
@@ -170,6 +176,29 @@ impl Session for GpuSession {
             .wait(self.ctx.read_u32(&self.act.argmax, 1))
             .map_err(to_lean)?;
         Ok(id[0])
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn forward_argmax_masked(
+        &mut self,
+        _model: &Model,
+        tokens: &[u32],
+        mask: &mut dyn TokenMask,
+    ) -> lean::Result<Option<u32>> {
+        pollster::block_on(self.argmax_masked(tokens, mask))
+    }
+
+    fn forward_argmax_masked_async<'a>(
+        &'a mut self,
+        _model: &'a Model,
+        tokens: &'a [u32],
+        mask: &'a mut dyn TokenMask,
+    ) -> LocalFuture<'a, lean::Result<Option<u32>>> {
+        Box::pin(self.argmax_masked(tokens, mask))
+    }
+
+    fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::Relaxed)
     }
 
     #[cfg(not(target_arch = "wasm32"))]
