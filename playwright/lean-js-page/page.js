@@ -201,10 +201,11 @@ window.leanJs = {
 
   /**
    * Tool calls (tests/lean-js.spec.js): `messages` with `tools` and `tool_choice` (greedy, at most
-   * `maxTokens`) through chat.completions, whole and streamed: the calls (without their ids,
-   * which are new each time), the content and the finish reason; and the ids through engine.chat.
+   * `maxTokens`) through chat.completions, whole and (unless `wholeOnly`: slow backends)
+   * streamed: the calls (without their ids, which are new each time), the content and the
+   * finish reason.
    */
-  async toolCall({ messages, tools, toolChoice, maxTokens }) {
+  async toolCall({ messages, tools, toolChoice, maxTokens, wholeOnly = false }) {
     const request = { messages, tools, tool_choice: toolChoice, max_tokens: maxTokens, temperature: 0 };
     const strip = (calls) => calls?.map(({ index, type, function: f }) => ({ ...(index === undefined ? {} : { index }), type, function: f }));
     const ms = {};
@@ -213,6 +214,7 @@ window.leanJs = {
     const whole = { content: choice.message.content, toolCalls: strip(choice.message.tool_calls), finishReason: choice.finish_reason };
     const ids = choice.message.tool_calls?.map((c) => c.id);
     ms.whole = Math.round(performance.now() - t);
+    if (wholeOnly) return { whole, ids, streamed: null, ms };
     t = performance.now();
     const streamed = { content: "", toolCalls: [], finishReason: null };
     for await (const chunk of await engine.chat.completions.create({ ...request, stream: true })) {

@@ -306,8 +306,8 @@ for (const backend of ["simd", "threads"]) {
   });
 }
 
-// WebGPU reads the logits back for each constrained token (the mask is applied on the CPU). As
-// above, Firefox's lavapipe only, and the shortest case.
+// WebGPU takes each constrained greedy token on the device (the mask is uploaded, the masked
+// argmax reads back 4 bytes). As above, Firefox's lavapipe only, and the shortest case.
 test("webgpu: a JSON-schema-constrained chat gives lean-cli's output; a rejected schema is a ConstraintError", async ({ page }, testInfo) => {
   test.skip(testInfo.project.name === "chromium", "SwiftShader: too slow for CI; runs in Firefox");
   test.setTimeout(15 * 60_000);
@@ -325,6 +325,33 @@ test("webgpu: a JSON-schema-constrained chat gives lean-cli's output; a rejected
     test.skip(true, `WebGPU unavailable in this browser: ${missing}`);
   }
   await checkConstrained(page, "webgpu", "country", { fast: true });
+});
+
+// The forced call on WebGPU (a constrained generation through the masked argmax on the device):
+// Firefox's lavapipe only, as above, and whole only (39 tokens at about 1 a second).
+test("webgpu: a forced tool call through chat.completions gives lean-cli's call", async ({ page }, testInfo) => {
+  test.skip(testInfo.project.name === "chromium", "SwiftShader: too slow for CI; runs in Firefox");
+  test.setTimeout(15 * 60_000);
+  requireFiles();
+  const c = toolFixture.cases.find((k) => k.name === "forced");
+  await openPage(page);
+  const missing = await page.evaluate(async () => {
+    try {
+      return (await navigator.gpu?.requestAdapter()) ? null : "no WebGPU adapter";
+    } catch (e) {
+      return `requestAdapter failed: ${e.message}`;
+    }
+  });
+  if (missing !== null) {
+    if (process.env.CI) throw new Error(`WebGPU unavailable: ${missing}`);
+    test.skip(true, `WebGPU unavailable in this browser: ${missing}`);
+  }
+  expect(await call(page, "load", { model: modelUrls, backend: "webgpu", cache: false })).toMatchObject({ backend: "webgpu", warnings: [] });
+  const toolChoice = { type: "function", function: { name: c.tool_choice } };
+  const r = await call(page, "toolCall", { messages: c.messages, tools: toolFixture.tools, toolChoice, maxTokens: c.max_tokens, wholeOnly: true });
+  expect(r.whole).toEqual({ content: c.content, toolCalls: c.tool_calls, finishReason: "tool_calls" });
+  console.log(`${test.info().project.name} webgpu: forced tool call, whole ${r.ms.whole} ms`);
+  await call(page, "dispose");
 });
 
 for (const backend of ["simd", "threads"]) {
