@@ -162,6 +162,13 @@ impl GpuContext {
     pub fn lose_device(&self) {
         self.lose_after.store(NEVER, Ordering::Relaxed);
         self.device.destroy();
+        // A browser resolves `GPUDevice.lost` on its event loop, maybe after the pass that is
+        // about to fail: the loss is recorded now. (Natively the lost callback records it,
+        // inside the next poll.)
+        if cfg!(target_arch = "wasm32") {
+            let mut lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+            lost.get_or_insert_with(|| "Destroyed".into());
+        }
     }
 
     /// Test hook: destroys the device before the pass (a prefill chunk or one decode pass) after
