@@ -120,7 +120,9 @@ impl GpuContext {
     /// The first error the device reported since the last call (out of memory, validation), as
     /// `GpuError::Device`; once the device is lost, always `GpuError::DeviceLost`.
     pub fn take_error(&self) -> Result<()> {
-        if let Some(why) = self.lost_reason() {
+        // No poll here: this runs after every pass (a failure after a loss that the callback has
+        // not reported yet is classified as the loss by `classify`, which polls).
+        if let Some(why) = self.lost_already() {
             return Err(GpuError::DeviceLost(why));
         }
         let mut slot = self.failure.lock().unwrap_or_else(|e| e.into_inner());
