@@ -5,6 +5,8 @@
 import { createEngine, deleteCached, listCached } from "/lean-js/index.js";
 
 let engine = null;
+/** `backendchange` events of the engine: {backend, backendReason} after each. */
+let backendChanges = [];
 
 /** Workers this page made and has not terminated (lean-js's engine workers). */
 const liveWorkers = new Set();
@@ -108,6 +110,10 @@ window.leanJs = {
       },
       onWarning: (message) => warnings.push(message),
     });
+    backendChanges = [];
+    engine.addEventListener("backendchange", () =>
+      backendChanges.push({ backend: engine.backend, backendReason: engine.backendReason }),
+    );
     return {
       loadMs: performance.now() - started,
       backend: engine.backend,
@@ -310,6 +316,11 @@ window.leanJs = {
   tokenize: (text) => engine.tokenize(text),
 
   /** A whole greedy generation. */
+  /** The engine's backend now and its `backendchange` events so far. */
+  backendChanges() {
+    return { backend: engine.backend, backendReason: engine.backendReason, changes: backendChanges };
+  },
+
   generate(prompt, maxTokens) {
     return read(engine.generate(prompt, { maxTokens, temperature: 0, stopTokenIds: [] }));
   },

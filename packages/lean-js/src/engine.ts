@@ -175,11 +175,23 @@ function wireMessage(m: unknown, i: number): ChatTurn {
 /** A call as it crosses to the worker (an id is optional there). */
 type ToolCallWire = Extract<ChatTurn, { tool_calls: unknown }>["tool_calls"][number];
 
-export class Engine {
-  /** The backend that runs the model. */
-  readonly backend: Backend;
-  /** Why this backend (for `auto`: why each faster one was not used, e.g. missing COOP/COEP). */
-  readonly backendReason: string;
+export class Engine extends EventTarget {
+  /**
+   * The backend that runs the model. It changes once when a WebGPU device is lost: lean-js then
+   * goes on on the CPU (simd) with the same tokens, and a `backendchange` event says so.
+   */
+  get backend(): Backend {
+    return this.#backend;
+  }
+  /**
+   * Why this backend (for `auto`: why each faster one was not used, e.g. missing COOP/COEP;
+   * after a `backendchange`, that the WebGPU device was lost).
+   */
+  get backendReason(): string {
+    return this.#backendReason;
+  }
+  #backend: Backend;
+  #backendReason: string;
   readonly info: ModelInfo;
   /**
    * `generate` with a conversation, through the model's chat template; and
@@ -198,9 +210,10 @@ export class Engine {
 
   /** Use {@link Engine.start} (or `createEngine`). */
   private constructor(worker: WorkerLike, loaded: Extract<Reply, { type: "loaded" }>) {
+    super();
     this.#worker = worker;
-    this.backend = loaded.backend;
-    this.backendReason = loaded.backendReason;
+    this.#backend = loaded.backend;
+    this.#backendReason = loaded.backendReason;
     this.info = loaded.info;
     const chat = (messages: readonly ChatTurn[], options: GenerateOptions = {}) => {
       if (!Array.isArray(messages)) throw new TypeError("chat() takes an array of {role, content} messages");
@@ -471,6 +484,14 @@ export class Engine {
   }
 
   #route(reply: Reply): void {
+    if (reply.type === "backendChange") {
+      // The WebGPU device was lost mid-generation; the worker goes on with a CPU engine.
+      this.#backend = reply.backend;
+      this.#backendReason = reply.backendReason;
+      Object.assign(this.info, reply.info);
+      this.dispatchEvent(new Event("backendchange"));
+      return;
+    }
     this.#handlers.get(reply.id)?.(reply);
     if (reply.type === "error" && reply.fatal) this.#fail(fromWireError(reply.error));
   }

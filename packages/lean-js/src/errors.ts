@@ -8,6 +8,13 @@ export const ErrorName = {
   BackendUnavailable: "BackendUnavailableError",
   /** The WebAssembly module trapped (a Rust panic or out of memory): the engine is unusable. */
   Panic: "LeanPanicError",
+  /**
+   * The WebGPU device was lost (driver reset, the browser reclaimed it). lean-js continues a
+   * plain generation on the CPU by itself (`engine.backend` changes, a `backendchange` event);
+   * one it cannot continue (structured output, tools) rejects with this, and the engine goes on
+   * on the CPU.
+   */
+  DeviceLost: "DeviceLostError",
   /** The engine was disposed, or its worker died. */
   Disposed: "EngineDisposedError",
   /** A model file could not be fetched, or failed its size/sha256 check. */

@@ -277,6 +277,11 @@ export interface LoadRequest {
 export interface TestHooks {
   /** The threads backend's worker blocks for good where it would start its thread pool. */
   blockThreadPoolStart?: boolean;
+  /**
+   * On WebGPU, the device is destroyed (`GPUDevice.destroy()`, as a lost device) before the pass
+   * after this many GPU passes (prefill chunks, decode passes) of the first generation.
+   */
+  loseDeviceAfterPasses?: number;
 }
 
 export type Request =
@@ -298,6 +303,8 @@ export type Reply =
   | { type: "poolStarting"; id: number; threads: number }
   | { type: "poolStarted"; id: number }
   | { type: "loaded"; id: number; backend: Backend; backendReason: string; info: ModelInfo }
+  /** The WebGPU device was lost during generation `id`: the engine runs on `backend` now. */
+  | { type: "backendChange"; id: number; backend: Backend; backendReason: string; info: ModelInfo }
   | { type: "tokens"; id: number; tokens: Token[] }
   /** `cachedTokens`: the ids the KV cache holds now. */
   | { type: "done"; id: number; result: GenerationResult; cachedTokens: number }

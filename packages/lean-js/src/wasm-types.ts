@@ -15,6 +15,10 @@ export interface WasmEngineHandle {
   /** `optionsJson`: as `begin`'s, for a chat's `tools`. */
   cacheInfo(promptJson?: string | null, optionsJson?: string | null): string;
   resetCache(): void;
+  /** Why the WebGPU device was lost, once it was (undefined while it runs, or on the CPU). */
+  deviceLost(): string | undefined;
+  /** Test hook: destroys the WebGPU device now, or before the pass after `passes` more. False on the CPU. */
+  loseDevice(passes?: number | null): boolean;
   free(): void;
 }
 

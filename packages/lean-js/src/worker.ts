@@ -8,6 +8,7 @@ import { openModelFile, type OpenedFile } from "./cache.js";
 import { chooseBackend, detectCapabilities } from "./capabilities.js";
 import { ErrorName, leanError, toWireError } from "./errors.js";
 import type {
+  Backend,
   GenerationResult,
   LoadRequest,
   ModelFileRole,
@@ -45,6 +46,8 @@ let wasmMemory: WebAssembly.Memory | null = null;
 let broken: Error | null = null;
 /** The generation in progress and whether a cancel arrived for it. */
 let active: { id: number; cancelled: boolean } | null = null;
+/** The load request, kept to read the model again for a CPU engine when the GPU device is lost. */
+let loaded: { request: LoadRequest; backend: Backend } | null = null;
 
 const post = (reply: Reply) => scope.postMessage(reply);
 
@@ -178,12 +181,29 @@ async function load(request: LoadRequest): Promise<void> {
     post({ type: "poolStarted", id: request.id });
   }
 
-  const hashing = wasm;
+  engine = await makeEngine(request, decision.backend);
+  loaded = { request, backend: decision.backend };
+  if (decision.backend === "webgpu" && request.testHooks?.loseDeviceAfterPasses !== undefined) {
+    engine.loseDevice(request.testHooks.loseDeviceAfterPasses);
+  }
+  post({
+    type: "loaded",
+    id: request.id,
+    backend: decision.backend,
+    backendReason: decision.reason,
+    info: modelInfo(engine.info()),
+  });
+}
+
+/** Reads the model files of `request` (from Cache Storage, the network, the Blob or bytes given) into an engine on `backend`. */
+async function makeEngine(request: LoadRequest, backend: Backend): Promise<WasmEngineHandle> {
+  const module = wasm;
+  if (!module) throw new Error("no wasm module is loaded");
   const deps = {
     fetch: globalThis.fetch.bind(globalThis),
     caches: globalThis.caches as CacheStorage | undefined,
     // Downloads are verified with the module's SHA-256 (RustCrypto's sha2).
-    sha256: () => new hashing.Sha256(),
+    sha256: () => new module.Sha256(),
   };
   const options = {
     cacheName: request.cacheName,
@@ -205,27 +225,56 @@ async function load(request: LoadRequest): Promise<void> {
       )
     : null;
   const gguf = await open(model.gguf);
-  if (decision.backend === "webgpu") {
-    const module = wasm;
+  if (backend === "webgpu") {
     const loader = await streamInto(
       (size) => untilTrapped(module.GpuModelLoader.open(size)),
       model.gguf,
       gguf,
       request.id,
     );
-    engine = await untilTrapped(loader.finish(tokenizer, config, template, request.contextLength));
-  } else {
-    const module = wasm;
-    const loader = await streamInto(async (size) => new module.ModelLoader(size), model.gguf, gguf, request.id);
-    engine = loader.finish(tokenizer, config, template, request.contextLength);
+    return await untilTrapped(loader.finish(tokenizer, config, template, request.contextLength));
   }
+  const loader = await streamInto(async (size) => new module.ModelLoader(size), model.gguf, gguf, request.id);
+  return loader.finish(tokenizer, config, template, request.contextLength);
+}
+
+/**
+ * Whether `e`, thrown by a WebGPU engine's call, means its device is lost: the engine says so
+ * (`DeviceLostError`), or a GPU failure came before the browser resolved `GPUDevice.lost` and the
+ * engine knows of the loss once the event loop ran.
+ */
+async function isDeviceLoss(wasmEngine: WasmEngineHandle, e: unknown): Promise<string | null> {
+  if (loaded?.backend !== "webgpu" || e instanceof WebAssembly.RuntimeError) return null;
+  if (e instanceof Error && e.name === ErrorName.DeviceLost) return e.message;
+  for (let i = 0; i < 5; i++) {
+    const lost = wasmEngine.deviceLost();
+    if (lost) return `the WebGPU device was lost: ${lost}`;
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+  return null;
+}
+
+/**
+ * Replaces the lost WebGPU engine with one on the CPU (simd: the single-thread build the WebGPU
+ * backend runs on, already loaded), reading the model again, and says so to the main thread.
+ */
+async function fallBackToCpu(id: number, why: string): Promise<WasmEngineHandle> {
+  if (!loaded) throw new Error("no model is loaded");
+  const lost = engine;
+  engine = null;
+  lost?.free();
+  const backend: Backend = "simd";
+  const cpu = await makeEngine(loaded.request, backend);
+  engine = cpu;
+  loaded = { request: loaded.request, backend };
   post({
-    type: "loaded",
-    id: request.id,
-    backend: decision.backend,
-    backendReason: decision.reason,
-    info: modelInfo(engine.info()),
+    type: "backendChange",
+    id,
+    backend,
+    backendReason: `${why}; lean continued on the CPU (simd), with the same tokens`,
+    info: modelInfo(cpu.info()),
   });
+  return cpu;
 }
 
 function progressReporter(role: ModelFileRole, file: WireFile, opened: OpenedFile, id: number) {
@@ -341,17 +390,41 @@ const yieldToEventLoop = (() => {
 })();
 
 async function generate(id: number, prompt: WirePrompt, params: GenerateParams): Promise<void> {
-  const wasmEngine = loadedEngine();
+  let wasmEngine = loadedEngine();
   if (active) throw new Error(`generation ${active.id} is still running`);
   const stop = new StopMatcher(params.stop ?? []);
-  const options = JSON.stringify(toEngineOptions(params));
+  const engineOptions = toEngineOptions(params);
+  const options = JSON.stringify(engineOptions);
   const state = { id, cancelled: false };
   active = state;
+  // A generation lean-js can continue on the CPU when the WebGPU device is lost: the prompt ids
+  // and the tokens so far prefill a CPU engine, which goes on with the same tokens. With a
+  // constraint or tools the engine's state is more than the ids: those fail (DeviceLostError).
+  const resumable = engineOptions.constraint === undefined && engineOptions.tools === undefined;
+  const generatedIds: number[] = [];
+  const maxTokens = (engineOptions.max_tokens as number | undefined) ?? 256;
+  /** After a loss: a CPU engine, begun on the prompt and the tokens so far. */
+  const resume = async (e: unknown, promptIds: number[] | null) => {
+    const why = await isDeviceLoss(wasmEngine, e);
+    if (why === null) throw e;
+    wasmEngine = await fallBackToCpu(id, why);
+    if (!resumable) throw leanError(ErrorName.DeviceLost, `${why}: the engine runs on the CPU now; generate again`);
+    const resumed = promptIds === null ? JSON.stringify(prompt) : JSON.stringify({ ids: [...promptIds, ...generatedIds] });
+    const rest = JSON.stringify({ ...engineOptions, max_tokens: maxTokens - generatedIds.length });
+    return JSON.parse(await untilTrapped(wasmEngine.begin(resumed, promptIds === null ? options : rest))) as {
+      prompt_ids: number[];
+      cached_tokens: number;
+    };
+  };
   try {
     const started = performance.now();
-    const { prompt_ids: promptIds, cached_tokens: cachedTokens } = JSON.parse(
-      await untilTrapped(wasmEngine.begin(JSON.stringify(prompt), options)),
-    ) as { prompt_ids: number[]; cached_tokens: number };
+    let begun: { prompt_ids: number[]; cached_tokens: number };
+    try {
+      begun = JSON.parse(await untilTrapped(wasmEngine.begin(JSON.stringify(prompt), options))) as typeof begun;
+    } catch (e) {
+      begun = await resume(e, null);
+    }
+    const { prompt_ids: promptIds, cached_tokens: cachedTokens } = begun;
     const prefillMs = performance.now() - started;
     let text = "";
     let stopString: string | null = null;
@@ -364,7 +437,13 @@ async function generate(id: number, prompt: WirePrompt, params: GenerateParams):
         if (done === null) throw new Error("the wasm engine lost the generation it was cancelling");
         break;
       }
-      const step = JSON.parse(await untilTrapped(wasmEngine.step())) as StepJson;
+      let step: StepJson;
+      try {
+        step = JSON.parse(await untilTrapped(wasmEngine.step())) as StepJson;
+      } catch (e) {
+        await resume(e, promptIds);
+        continue;
+      }
       const now = performance.now();
       if (step.tokens.length > 0) {
         if (firstTokenAt === 0) firstTokenAt = now;
@@ -372,6 +451,7 @@ async function generate(id: number, prompt: WirePrompt, params: GenerateParams):
       }
       const tokens: Token[] = [];
       for (const t of step.tokens) {
+        generatedIds.push(t.id);
         const out = stop.push(t.text);
         tokens.push({ text: out.text, tokenId: t.id });
         if (out.stopped !== null) {
@@ -391,11 +471,15 @@ async function generate(id: number, prompt: WirePrompt, params: GenerateParams):
       if (tokens.length > 0) post({ type: "tokens", id, tokens });
       if (done === null) await yieldToEventLoop();
     }
+    // After a fallback the last engine's ids start after the prompt it was given (the prompt and
+    // the tokens before the loss).
+    const ended = done.prompt_ids.length - promptIds.length;
+    const tokenIds = ended > 0 ? [...done.prompt_ids.slice(promptIds.length), ...done.token_ids] : done.token_ids;
     const decodeMs = lastTokenAt - firstTokenAt;
-    const generated = done.token_ids.length;
+    const generated = tokenIds.length;
     const result: GenerationResult = {
       text,
-      tokenIds: done.token_ids,
+      tokenIds,
       promptTokens: promptIds.length,
       cachedTokens,
       finishReason: stopString !== null ? "stop" : done.finish_reason,

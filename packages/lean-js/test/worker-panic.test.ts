@@ -50,6 +50,8 @@ const fakeEngine = {
   tokenize: () => new Uint32Array([1]),
   cacheInfo: () => JSON.stringify({ cache_length: 0 }),
   resetCache: () => {},
+  deviceLost: () => undefined,
+  loseDevice: () => false,
   free: () => {},
 };
 

@@ -252,6 +252,14 @@ pub fn new_engine(
     let mut engine = Engine::with_backend(model, tokenizer, common.ctx, |model, context| {
         new_session(backend, model, context)
     })?;
+    // A lost GPU device: the generation continues on the CPU with the same tokens.
+    engine.on_backend_change(Box::new(|change| {
+        eprintln!(
+            "\nlean: the GPU device was lost ({}) after {} generated tokens; continuing on {} \
+             (same tokens)",
+            change.reason, change.generated_tokens, change.to
+        )
+    }));
     if let Some(draft) = draft {
         load_draft_model(&mut engine, draft, backend)?;
     }
@@ -583,6 +591,15 @@ fn run(args: RunArgs) -> CliResult {
                 },
             },
         });
+        if let Some(change) = &generation.backend_change {
+            out["backend_change"] = serde_json::json!({
+                "from": change.from,
+                "to": change.to,
+                "reason": change.reason,
+                "generated_tokens": change.generated_tokens,
+                "replayed_tokens": change.replayed_tokens,
+            });
+        }
         // With --tools: the reply as OpenAI's message (content around the calls, or null).
         if tools.is_some() {
             out["content"] = match &calls {

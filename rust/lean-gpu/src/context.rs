@@ -2,6 +2,7 @@
 use crate::error::{GpuError, Result};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use wgpu::util::DeviceExt;
@@ -17,7 +18,14 @@ pub struct GpuContext {
     /// memory) or its loss: wgpu would panic on those by default; here they are kept and
     /// returned by `take_error`.
     failure: Arc<Mutex<Option<String>>>,
+    /// Set when the device is lost (its lost callback ran): for good, unlike `failure`.
+    lost: Arc<Mutex<Option<String>>>,
+    /// The test hook: passes still to submit before the device is destroyed (`usize::MAX`: never).
+    lose_after: AtomicUsize,
 }
+
+/// `lose_after` when no loss is planned.
+const NEVER: usize = usize::MAX;
 
 /// Features used when present; kernels have fallbacks without them.
 const OPTIONAL_FEATURES: wgpu::Features =
@@ -77,10 +85,26 @@ impl GpuContext {
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
             record(&on_error, e.to_string())
         }));
-        let on_lost = failure.clone();
+        let lost: Arc<Mutex<Option<String>>> = Arc::default();
+        let on_lost = lost.clone();
         device.set_device_lost_callback(move |reason, message| {
-            record(&on_lost, format!("device lost ({reason:?}): {message}"))
+            let message = message.trim();
+            let why = match message.is_empty() {
+                true => format!("{reason:?}"),
+                false => format!("{reason:?}: {message}"),
+            };
+            record(&on_lost, why)
         });
+        // The test hook: LEAN_GPU_LOSE_DEVICE_AFTER=N destroys the device before the pass after
+        // the first N (natively; a browser has no environment: `lose_device_after`).
+        let lose_after = match std::env::var("LEAN_GPU_LOSE_DEVICE_AFTER") {
+            Ok(n) if !cfg!(target_arch = "wasm32") => n.trim().parse().map_err(|_| {
+                GpuError::RequestDevice(format!(
+                    "LEAN_GPU_LOSE_DEVICE_AFTER must be a number of passes, got {n:?}"
+                ))
+            })?,
+            _ => NEVER,
+        };
         Ok(GpuContext {
             device,
             queue,
@@ -88,16 +112,84 @@ impl GpuContext {
             limits,
             features,
             failure,
+            lost,
+            lose_after: AtomicUsize::new(lose_after),
         })
     }
 
-    /// The first error the device reported since the last call (out of memory, validation,
-    /// device lost), as `GpuError::Device`.
+    /// The first error the device reported since the last call (out of memory, validation), as
+    /// `GpuError::Device`; once the device is lost, always `GpuError::DeviceLost`.
     pub fn take_error(&self) -> Result<()> {
+        // No poll here: this runs after every pass (a failure after a loss that the callback has
+        // not reported yet is classified as the loss by `classify`, which polls).
+        if let Some(why) = self.lost_already() {
+            return Err(GpuError::DeviceLost(why));
+        }
         let mut slot = self.failure.lock().unwrap_or_else(|e| e.into_inner());
         match slot.take() {
             Some(message) => Err(GpuError::Device(message)),
             None => Ok(()),
+        }
+    }
+
+    /// Why the device was lost, once it was (its lost callback ran). Natively the callback runs
+    /// inside a device poll: this polls first, without waiting.
+    pub fn lost_reason(&self) -> Option<String> {
+        if !cfg!(target_arch = "wasm32") {
+            let _ = self.device.poll(wgpu::PollType::Poll);
+        }
+        self.lost.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// `lost_reason` without the poll: for the per-pass path, where a poll costs time.
+    pub(crate) fn lost_already(&self) -> Option<String> {
+        self.lost.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// `e` as it should be reported: a failure of a lost device is the loss (reads back and
+    /// submits fail in many ways once it is gone), anything else as it is.
+    pub fn classify(&self, e: GpuError) -> GpuError {
+        match e {
+            GpuError::DeviceLost(_) => e,
+            // The loss says it all: what failed on the way is its consequence.
+            e => match self.lost_reason() {
+                Some(why) => GpuError::DeviceLost(why),
+                None => e,
+            },
+        }
+    }
+
+    /// Test hook: destroys the device (`wgpu::Device::destroy`), as a driver reset or a browser
+    /// reclaiming it would lose it. Every later pass fails with `GpuError::DeviceLost`.
+    pub fn lose_device(&self) {
+        self.lose_after.store(NEVER, Ordering::Relaxed);
+        self.device.destroy();
+        // A browser resolves `GPUDevice.lost` on its event loop, maybe after the pass that is
+        // about to fail: the loss is recorded now. (Natively the lost callback records it,
+        // inside the next poll.)
+        if cfg!(target_arch = "wasm32") {
+            let mut lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+            lost.get_or_insert_with(|| "Destroyed".into());
+        }
+    }
+
+    /// Test hook: destroys the device before the pass (a prefill chunk or one decode pass) after
+    /// the next `passes` ones; 0: before the next. Natively `LEAN_GPU_LOSE_DEVICE_AFTER=N` sets
+    /// it when the context is made.
+    pub fn lose_device_after(&self, passes: usize) {
+        self.lose_after.store(passes, Ordering::Relaxed);
+    }
+
+    /// Called before each pass is submitted: runs the `lose_device_after` hook.
+    pub(crate) fn before_pass(&self) {
+        let left = self.lose_after.load(Ordering::Relaxed);
+        if left == NEVER {
+            return;
+        }
+        if left == 0 {
+            self.lose_device();
+        } else {
+            self.lose_after.store(left - 1, Ordering::Relaxed);
         }
     }
 
@@ -177,13 +269,19 @@ impl GpuContext {
         })
     }
 
+    /// A uniform buffer holding `value`. Made empty and written through the queue rather than
+    /// mapped at creation: on a lost device wgpu's mapped-at-creation path panics, this one
+    /// records an error (plans are recorded mid-generation, when a device may be gone).
     pub(crate) fn uniform<T: bytemuck::Pod>(&self, label: &str, value: &T) -> wgpu::Buffer {
-        self.device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(label),
-                contents: bytemuck::bytes_of(value),
-                usage: wgpu::BufferUsages::UNIFORM,
-            })
+        let bytes = bytemuck::bytes_of(value);
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: (bytes.len().next_multiple_of(4).max(4)) as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.queue.write_buffer(&buffer, 0, bytes);
+        buffer
     }
 
     /// Copies the first `len` f32 of `buffer` to the host (after all submitted work).

@@ -20,8 +20,11 @@ pub enum GpuError {
     Shader(String),
     /// Reading a buffer back to the host failed.
     Readback(String),
-    /// The device reported an error (out of memory, validation) or was lost.
+    /// The device reported an error (out of memory, validation).
     Device(String),
+    /// The device was lost (driver reset, a browser reclaiming it, an out-of-memory the driver
+    /// could not survive, `GpuContext::lose_device`): nothing on it can run any more.
+    DeviceLost(String),
     /// A model streamed into the device is malformed or incomplete.
     Load(String),
 }
@@ -44,6 +47,7 @@ impl std::fmt::Display for GpuError {
             GpuError::Shader(why) => write!(f, "a GPU kernel failed to compile: {why}"),
             GpuError::Readback(why) => write!(f, "reading a GPU buffer back failed: {why}"),
             GpuError::Device(why) => write!(f, "the GPU device failed: {why}"),
+            GpuError::DeviceLost(why) => write!(f, "the GPU device was lost: {why}"),
             GpuError::Load(why) => write!(f, "loading the model onto the GPU failed: {why}"),
         }
     }

@@ -21,7 +21,7 @@ pub use kernels::{
     RopePairing, RowField, StepBuffer, MAX_HEAD_DIM, NO_TOKEN,
 };
 pub use plan::Plan;
-pub use session::{GpuModel, GpuSession};
+pub use session::{to_lean as session_error, GpuModel, GpuSession};
 pub use stream::StreamedModel;
 pub use weights::{GpuMatrix, WeightPart};
 pub use wgpu;

@@ -197,6 +197,8 @@ fn file_size(total_bytes: f64) -> Result<usize, JsError> {
 pub struct GpuModelLoader {
     stream: StreamedModel,
     kernels: Arc<Kernels>,
+    /// The device, kept by the engine for its loss (`WasmEngine.deviceLost`, `loseDevice`).
+    device: Arc<GpuContext>,
 }
 
 fn gpu_error(e: lean_gpu::GpuError) -> JsError {
@@ -213,8 +215,9 @@ impl GpuModelLoader {
         let device = Arc::new(GpuContext::new().await.map_err(gpu_error)?);
         let kernels = Arc::new(Kernels::new(&device).await.map_err(gpu_error)?);
         Ok(GpuModelLoader {
-            stream: StreamedModel::new(device, total, None),
+            stream: StreamedModel::new(device.clone(), total, None),
             kernels,
+            device,
         })
     }
 
@@ -266,7 +269,9 @@ impl GpuModelLoader {
             Ok(Box::new(session) as Box<dyn Session>)
         })
         .map_err(js_error)?;
-        Ok(WasmEngine::from(engine))
+        let engine = WasmEngine::from(engine);
+        engine.state()?.gpu = Some(self.device);
+        Ok(engine)
     }
 }
 
@@ -381,6 +386,18 @@ fn full_messages(messages: Vec<MessageJson>) -> Result<Vec<FullChatMessage>, JsV
 /// messages that cannot be used; the message names the field.
 fn tool_error(e: ToolError) -> JsValue {
     named_error("ToolError", &e.message)
+}
+
+/// An engine error as JS sees it: the GPU device's loss is an `Error` named `DeviceLostError`
+/// (lean-js then continues the generation on a CPU engine), anything else a plain `Error`.
+fn engine_error(e: LeanError) -> JsValue {
+    match e {
+        LeanError::DeviceLost(why) => named_error(
+            "DeviceLostError",
+            &format!("the WebGPU device was lost: {why}"),
+        ),
+        e => js_error(e).into(),
+    }
 }
 
 fn named_error(name: &str, message: &str) -> JsValue {
@@ -593,6 +610,8 @@ struct EngineState {
     /// How the chat template takes tools (`tools::template_syntax`), found on the first request
     /// with tools or tool messages.
     tool_template: Option<Option<Syntax>>,
+    /// The WebGPU device, on the GPU backend.
+    gpu: Option<Arc<GpuContext>>,
 }
 
 /// A generation in progress, and for a chat with tools what reads its calls.
@@ -644,6 +663,7 @@ impl From<Engine> for WasmEngine {
                 engine,
                 active: None,
                 tool_template: None,
+                gpu: None,
             }),
         }
     }
@@ -739,7 +759,7 @@ impl WasmEngine {
             .engine
             .begin_async(&prompt, &options)
             .await
-            .map_err(js_error)?;
+            .map_err(engine_error)?;
         let begun = serde_json::json!({
             "prompt_ids": generation.prompt_ids(),
             "cached_tokens": generation.cached_tokens(),
@@ -754,20 +774,21 @@ impl WasmEngine {
     /// not in tokens), "length", "context_full" or (with tools, `done.tool_calls` then holds
     /// the calls) "tool_calls". With tools, a token's text that may belong to a call is held
     /// back (empty text) until the end. After `done`, call `begin` again.
-    pub async fn step(&self) -> Result<String, JsError> {
+    pub async fn step(&self) -> Result<String, JsValue> {
         let mut state = self.state()?;
         let state = &mut *state;
         let Some(mut active) = state.active.take() else {
             return Err(js_error(LeanError::InvalidArgument(
                 "no generation in progress: call begin first".into(),
-            )));
+            ))
+            .into());
         };
         // A failed step drops the generation: it cannot continue (see `Engine::step`).
         let Step { token, finished } = state
             .engine
             .step_async(&mut active.generation)
             .await
-            .map_err(js_error)?;
+            .map_err(engine_error)?;
         let mut tokens: Vec<TokenJson> = token.into_iter().map(TokenJson::from).collect();
         if let Some(reply) = &mut active.tools {
             for token in &mut tokens {
@@ -781,7 +802,30 @@ impl WasmEngine {
                 None
             }
         };
-        serde_json::to_string(&StepJson { tokens, done }).map_err(js_error)
+        Ok(serde_json::to_string(&StepJson { tokens, done }).map_err(js_error)?)
+    }
+
+    /// Why the WebGPU device was lost, once it was (`undefined` while it runs, or on the CPU).
+    #[wasm_bindgen(js_name = deviceLost)]
+    pub fn device_lost(&self) -> Result<Option<String>, JsError> {
+        Ok(self.state()?.gpu.as_ref().and_then(|gpu| gpu.lost_reason()))
+    }
+
+    /// Test hook: destroys the WebGPU device (`GPUDevice.destroy()`), as a driver reset or the
+    /// browser reclaiming it would lose it; the next pass fails with `DeviceLostError`. With
+    /// `passes`, the device is destroyed before the pass after that many more (prefill chunks
+    /// or decode passes). False on the CPU.
+    #[wasm_bindgen(js_name = loseDevice)]
+    pub fn lose_device(&self, passes: Option<u32>) -> Result<bool, JsError> {
+        let state = self.state()?;
+        let Some(gpu) = &state.gpu else {
+            return Ok(false);
+        };
+        match passes {
+            Some(n) => gpu.lose_device_after(n as usize),
+            None => gpu.lose_device(),
+        }
+        Ok(true)
     }
 
     /// Ends the generation in progress as "cancelled", in the same JSON as `step`; `undefined`

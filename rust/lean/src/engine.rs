@@ -127,7 +127,32 @@ pub struct Generation {
     pub text: String,
     pub finish_reason: FinishReason,
     pub timings: Timings,
+    /// Set when the device was lost during this generation and it continued on the CPU.
+    pub backend_change: Option<BackendChange>,
 }
+
+/// The engine's session moved to another backend: its GPU device was lost (driver reset, the
+/// browser reclaimed it, an out-of-memory it did not survive), and the engine continued on the
+/// CPU with the same tokens (every backend gives the same greedy ids).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackendChange {
+    /// `Engine::backend()` before and after.
+    pub from: String,
+    pub to: String,
+    /// Why: the loss as the device reported it.
+    pub reason: String,
+    /// Tokens the generation had produced when the device was lost (0: during its prefill).
+    pub generated_tokens: usize,
+    /// Positions the CPU session prefilled again (the cached prompt and tokens so far) before
+    /// the failed pass ran again.
+    pub replayed_tokens: usize,
+}
+
+/// Called when the engine changes backends (`Engine::on_backend_change`).
+#[cfg(not(target_arch = "wasm32"))]
+pub type BackendChangeHook = Box<dyn FnMut(&BackendChange) + Send>;
+#[cfg(target_arch = "wasm32")]
+pub type BackendChangeHook = Box<dyn FnMut(&BackendChange)>;
 
 pub struct Engine {
     pub model: Model,
@@ -143,6 +168,10 @@ pub struct Engine {
     constraint_vocab: Option<Arc<Vocabulary>>,
     /// The model that guesses for `Speculation::DraftModel`.
     draft: Option<DraftModel>,
+    /// Continue on a CPU session when the device is lost (default: true; possible only while
+    /// the model's weights are in memory).
+    device_loss_fallback: bool,
+    on_backend_change: Option<BackendChangeHook>,
 }
 
 /// Wall-clock seconds, where the platform has a clock (wasm32-unknown-unknown has none in std).
@@ -186,6 +215,8 @@ impl Engine {
             cached: Vec::with_capacity(ctx),
             constraint_vocab: None,
             draft: None,
+            device_loss_fallback: true,
+            on_backend_change: None,
         })
     }
 
@@ -228,6 +259,57 @@ impl Engine {
     /// the CPU).
     pub fn bytes_read(&self) -> u64 {
         self.session.bytes_read()
+    }
+
+    /// Whether a generation whose device is lost continues on the CPU (the default): the engine
+    /// makes a CPU session, prefills it with the ids the lost one cached and runs the failed
+    /// pass again, so the tokens are the ones the GPU would have given (greedy ids are the same
+    /// on every backend). Only the device's loss falls back: other backend errors (validation,
+    /// an out-of-memory error the device survives) fail the step as before. Needs the model's
+    /// weights in memory (natively the GGUF is memory-mapped; a model streamed straight into a
+    /// browser's GPU has none: there the error reaches the caller, `LeanError::DeviceLost`).
+    pub fn set_device_loss_fallback(&mut self, on: bool) {
+        self.device_loss_fallback = on;
+    }
+
+    /// Calls `hook` when the engine changes backends (the device was lost and it continued on
+    /// the CPU), as it happens; `Generation::backend_change` says so at the end too.
+    pub fn on_backend_change(&mut self, hook: BackendChangeHook) {
+        self.on_backend_change = Some(hook);
+    }
+
+    /// After a pass failed with `error`: when the device was lost and the engine may fall back,
+    /// replaces the session (and the draft model's) with CPU sessions, the main one prefilled
+    /// with the ids the lost one cached, so the caller can run the failed pass again. `None`
+    /// when the error stays an error.
+    fn fall_back(&mut self, error: &LeanError, generated: usize) -> Result<Option<BackendChange>> {
+        let LeanError::DeviceLost(reason) = error else {
+            return Ok(None);
+        };
+        if !self.device_loss_fallback || !self.model.has_weight_data() {
+            return Ok(None);
+        }
+        let from = self.session.describe();
+        let mut session: Box<dyn Session> =
+            Box::new(CpuSession::new(&self.model, self.session.context_length()));
+        if !self.cached.is_empty() {
+            session.forward(&self.model, &self.cached, Logits::Last, &mut |_, _| {})?;
+        }
+        self.session = session;
+        if let Some(draft) = &mut self.draft {
+            draft.fall_back_to_cpu();
+        }
+        let change = BackendChange {
+            from,
+            to: self.session.describe(),
+            reason: reason.clone(),
+            generated_tokens: generated,
+            replayed_tokens: self.cached.len(),
+        };
+        if let Some(hook) = &mut self.on_backend_change {
+            hook(&change);
+        }
+        Ok(Some(change))
     }
 
     pub fn context_length(&self) -> usize {
@@ -334,18 +416,32 @@ impl Engine {
     ) -> Result<ActiveGeneration> {
         let mut active = self.prepare(prompt, options)?;
         let t0 = now();
-        let fresh = &active.ids[active.timings.cached_tokens..];
-        let result = match active.constraint.as_mut().filter(|_| active.masked_argmax) {
-            Some(constraint) => self
-                .session
-                .forward_argmax_masked(&self.model, fresh, constraint)
-                .and_then(allowed_token),
-            None => self.session.forward_last(
-                &self.model,
-                fresh,
-                active.argmax_only,
-                &mut active.logits,
-            ),
+        // Run once; after a lost device, once more on the CPU session that replaced it.
+        let mut fell_back = false;
+        let result = loop {
+            let fresh = &active.ids[active.timings.cached_tokens..];
+            let result = match active.constraint.as_mut().filter(|_| active.masked_argmax) {
+                Some(constraint) => self
+                    .session
+                    .forward_argmax_masked(&self.model, fresh, constraint)
+                    .and_then(allowed_token),
+                None => self.session.forward_last(
+                    &self.model,
+                    fresh,
+                    active.argmax_only,
+                    &mut active.logits,
+                ),
+            };
+            if let Err(e) = &result {
+                if !fell_back {
+                    if let Some(change) = self.fall_back(e, 0)? {
+                        active.backend_change = Some(change);
+                        fell_back = true;
+                        continue;
+                    }
+                }
+            }
+            break result;
         };
         active.next_argmax = self.settle_prefill(&active, result)?;
         active.timings.prefill_seconds = since(t0);
@@ -361,18 +457,36 @@ impl Engine {
     ) -> Result<ActiveGeneration> {
         let mut active = self.prepare(prompt, options)?;
         let t0 = now();
-        let fresh = &active.ids[active.timings.cached_tokens..];
-        let result = match active.constraint.as_mut().filter(|_| active.masked_argmax) {
-            Some(constraint) => self
-                .session
-                .forward_argmax_masked_async(&self.model, fresh, constraint)
-                .await
-                .and_then(allowed_token),
-            None => {
-                self.session
-                    .forward_last_async(&self.model, fresh, active.argmax_only, &mut active.logits)
+        let mut fell_back = false;
+        let result = loop {
+            let fresh = &active.ids[active.timings.cached_tokens..];
+            let result = match active.constraint.as_mut().filter(|_| active.masked_argmax) {
+                Some(constraint) => self
+                    .session
+                    .forward_argmax_masked_async(&self.model, fresh, constraint)
                     .await
+                    .and_then(allowed_token),
+                None => {
+                    self.session
+                        .forward_last_async(
+                            &self.model,
+                            fresh,
+                            active.argmax_only,
+                            &mut active.logits,
+                        )
+                        .await
+                }
+            };
+            if let Err(e) = &result {
+                if !fell_back {
+                    if let Some(change) = self.fall_back(e, 0)? {
+                        active.backend_change = Some(change);
+                        fell_back = true;
+                        continue;
+                    }
+                }
             }
+            break result;
         };
         active.next_argmax = self.settle_prefill(&active, result)?;
         active.timings.prefill_seconds = since(t0);
@@ -498,6 +612,7 @@ impl Engine {
             decoder: StreamDecoder::new(true),
             finish_reason: None,
             timings,
+            backend_change: None,
         })
     }
 
@@ -537,49 +652,64 @@ impl Engine {
                 active.decided = true;
                 Ok(())
             } else {
-                match self.speculation_pass(active, id) {
-                    Err(e) => Err(e),
-                    Ok(Some(pass)) => {
-                        let verified = if active.argmax_only {
-                            self.session
-                                .forward_argmax_all(&self.model, &pass)
-                                .map(Some)
-                        } else {
-                            let rows = &mut active.pass_logits;
-                            self.session
-                                .forward_logits_all(&self.model, &pass, rows)
-                                .map(|()| None)
-                        };
-                        self.settle_verification(active, &pass, verified)
-                    }
-                    Ok(None) => if active.argmax_only {
-                        // Passes queued ahead are discarded by a verification pass: none when
-                        // speculating.
-                        let ahead = if active.drafter.is_none() {
-                            active.tokens_after_next()
-                        } else {
-                            0
-                        };
-                        self.session.decode_argmax(&self.model, id, ahead)
-                    } else if let Some(constraint) =
-                        active.constraint.as_mut().filter(|_| active.masked_argmax)
-                    {
-                        self.session
-                            .forward_argmax_masked(&self.model, &[id], constraint)
-                            .and_then(allowed_token)
-                    } else {
-                        self.session
-                            .forward_last(&self.model, &[id], false, &mut active.logits)
-                    }
-                    .map(|next| {
-                        active.next_argmax = next;
-                        self.cached.push(id);
-                    }),
+                match self.step_forward(active, id) {
+                    Err(e) => match self.fall_back(&e, active.token_ids().len()) {
+                        Ok(Some(change)) => {
+                            active.backend_change = Some(change);
+                            self.step_forward(active, id)
+                        }
+                        Ok(None) => Err(e),
+                        Err(fallback) => Err(fallback),
+                    },
+                    ok => ok,
                 }
             };
         }
         let step = result.and_then(|()| self.sample_next(active));
         self.settle(active, t0, step)
+    }
+
+    /// The forward pass of a step that runs one (`id`, the last generated token; with a guess
+    /// after it when speculating); on failure nothing is booked, so it can run again.
+    fn step_forward(&mut self, active: &mut ActiveGeneration, id: u32) -> Result<()> {
+        match self.speculation_pass(active, id)? {
+            Some(pass) => {
+                let verified = if active.argmax_only {
+                    self.session
+                        .forward_argmax_all(&self.model, &pass)
+                        .map(Some)
+                } else {
+                    let rows = &mut active.pass_logits;
+                    self.session
+                        .forward_logits_all(&self.model, &pass, rows)
+                        .map(|()| None)
+                };
+                self.settle_verification(active, &pass, verified)
+            }
+            None => if active.argmax_only {
+                // Passes queued ahead are discarded by a verification pass: none when
+                // speculating.
+                let ahead = if active.drafter.is_none() {
+                    active.tokens_after_next()
+                } else {
+                    0
+                };
+                self.session.decode_argmax(&self.model, id, ahead)
+            } else if let Some(constraint) =
+                active.constraint.as_mut().filter(|_| active.masked_argmax)
+            {
+                self.session
+                    .forward_argmax_masked(&self.model, &[id], constraint)
+                    .and_then(allowed_token)
+            } else {
+                self.session
+                    .forward_last(&self.model, &[id], false, &mut active.logits)
+            }
+            .map(|next| {
+                active.next_argmax = next;
+                self.cached.push(id);
+            }),
+        }
     }
 
     /// The tokens of a speculative step's batched pass: the last generated token `id`, then a
@@ -676,60 +806,73 @@ impl Engine {
         let t0 = now();
         let mut result = Ok(());
         if let Some(id) = active.pending_forward.take() {
-            let tokens = [id];
             result = if let Some(next) = active.confirmed.pop_front() {
                 active.next_argmax = next;
                 active.decided = true;
                 Ok(())
             } else {
-                match self.speculation_pass(active, id) {
-                    Err(e) => Err(e),
-                    Ok(Some(pass)) => {
-                        let verified = if active.argmax_only {
-                            let argmaxes =
-                                self.session.forward_argmax_all_async(&self.model, &pass);
-                            argmaxes.await.map(Some)
-                        } else {
-                            let rows = &mut active.pass_logits;
-                            let logits =
-                                self.session
-                                    .forward_logits_all_async(&self.model, &pass, rows);
-                            logits.await.map(|()| None)
-                        };
-                        self.settle_verification(active, &pass, verified)
-                    }
-                    Ok(None) => if active.argmax_only {
-                        // Passes queued ahead are discarded by a verification pass: none when
-                        // speculating.
-                        let ahead = if active.drafter.is_none() {
-                            active.tokens_after_next()
-                        } else {
-                            0
-                        };
-                        self.session
-                            .decode_argmax_async(&self.model, id, ahead)
-                            .await
-                    } else if let Some(constraint) =
-                        active.constraint.as_mut().filter(|_| active.masked_argmax)
-                    {
-                        self.session
-                            .forward_argmax_masked_async(&self.model, &tokens, constraint)
-                            .await
-                            .and_then(allowed_token)
-                    } else {
-                        self.session
-                            .forward_last_async(&self.model, &tokens, false, &mut active.logits)
-                            .await
-                    }
-                    .map(|next| {
-                        active.next_argmax = next;
-                        self.cached.push(id);
-                    }),
+                match self.step_forward_async(active, id).await {
+                    Err(e) => match self.fall_back(&e, active.token_ids().len()) {
+                        Ok(Some(change)) => {
+                            active.backend_change = Some(change);
+                            self.step_forward_async(active, id).await
+                        }
+                        Ok(None) => Err(e),
+                        Err(fallback) => Err(fallback),
+                    },
+                    ok => ok,
                 }
             };
         }
         let step = result.and_then(|()| self.sample_next(active));
         self.settle(active, t0, step)
+    }
+
+    /// `step_forward` awaiting the session.
+    async fn step_forward_async(&mut self, active: &mut ActiveGeneration, id: u32) -> Result<()> {
+        let tokens = [id];
+        match self.speculation_pass(active, id)? {
+            Some(pass) => {
+                let verified = if active.argmax_only {
+                    let argmaxes = self.session.forward_argmax_all_async(&self.model, &pass);
+                    argmaxes.await.map(Some)
+                } else {
+                    let rows = &mut active.pass_logits;
+                    let logits = self
+                        .session
+                        .forward_logits_all_async(&self.model, &pass, rows);
+                    logits.await.map(|()| None)
+                };
+                self.settle_verification(active, &pass, verified)
+            }
+            None => if active.argmax_only {
+                // Passes queued ahead are discarded by a verification pass: none when
+                // speculating.
+                let ahead = if active.drafter.is_none() {
+                    active.tokens_after_next()
+                } else {
+                    0
+                };
+                self.session
+                    .decode_argmax_async(&self.model, id, ahead)
+                    .await
+            } else if let Some(constraint) =
+                active.constraint.as_mut().filter(|_| active.masked_argmax)
+            {
+                self.session
+                    .forward_argmax_masked_async(&self.model, &tokens, constraint)
+                    .await
+                    .and_then(allowed_token)
+            } else {
+                self.session
+                    .forward_last_async(&self.model, &tokens, false, &mut active.logits)
+                    .await
+            }
+            .map(|next| {
+                active.next_argmax = next;
+                self.cached.push(id);
+            }),
+        }
     }
 
     fn check_step(&self, active: &ActiveGeneration) -> Result<()> {
@@ -841,6 +984,7 @@ impl Engine {
                 text: active.text,
                 finish_reason: active.finish_reason.unwrap_or(FinishReason::Cancelled),
                 timings,
+                backend_change: active.backend_change,
             },
         })
     }
@@ -903,6 +1047,8 @@ pub struct ActiveGeneration {
     decoder: StreamDecoder,
     finish_reason: Option<FinishReason>,
     timings: Timings,
+    /// Set when the device was lost during this generation and it continued on the CPU.
+    backend_change: Option<BackendChange>,
 }
 
 impl ActiveGeneration {
@@ -918,6 +1064,11 @@ impl ActiveGeneration {
     /// The ids generated so far (a stop id included).
     pub fn token_ids(&self) -> &[u32] {
         &self.ids[self.prompt_len..]
+    }
+
+    /// Set once the device was lost during this generation and it continued on the CPU.
+    pub fn backend_change(&self) -> Option<&BackendChange> {
+        self.backend_change.as_ref()
     }
 
     /// Set once a step reported the end.

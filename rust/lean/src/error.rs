@@ -16,8 +16,12 @@ pub enum LeanError {
     },
     /// An argument is out of range (a sampling parameter, a token id, ...).
     InvalidArgument(String),
-    /// The compute backend failed (e.g. no GPU adapter, out of GPU memory, device lost).
+    /// The compute backend failed (e.g. no GPU adapter, out of GPU memory).
     Backend(String),
+    /// The GPU device was lost (driver reset, the browser reclaimed it, an out-of-memory it did
+    /// not survive): its session can run nothing more. An engine whose model weights are in
+    /// memory continues on the CPU instead (`Engine::set_device_loss_fallback`).
+    DeviceLost(String),
     /// Reading a file failed.
     Io {
         path: String,
@@ -39,6 +43,7 @@ impl fmt::Display for LeanError {
             ),
             LeanError::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
             LeanError::Backend(m) => write!(f, "backend: {m}"),
+            LeanError::DeviceLost(m) => write!(f, "device lost: {m}"),
             LeanError::Io { path, source } => write!(f, "{path}: {source}"),
         }
     }

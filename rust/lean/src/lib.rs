@@ -19,8 +19,8 @@ pub mod tools;
 
 pub use config::{Architecture, ModelConfig};
 pub use engine::{
-    ActiveGeneration, Ended, Engine, FinishReason, GenerateOptions, Generation, Prompt, Step,
-    Timings, TokenEvent,
+    ActiveGeneration, BackendChange, BackendChangeHook, Ended, Engine, FinishReason,
+    GenerateOptions, Generation, Prompt, Step, Timings, TokenEvent,
 };
 pub use error::{LeanError, Result};
 pub use lean_gguf as gguf;

@@ -230,6 +230,16 @@ impl DraftModel {
         })
     }
 
+    /// Replaces the session with a CPU session (its device was lost), when the model's
+    /// weights are in memory; the cache starts empty (the next guess prefills what it needs).
+    pub fn fall_back_to_cpu(&mut self) {
+        if self.model.has_weight_data() {
+            let ctx = self.session.context_length();
+            self.session = Box::new(crate::cpu::CpuSession::new(&self.model, ctx));
+            self.cached.clear();
+        }
+    }
+
     /// One line for logs: the model and its backend.
     pub fn describe(&self) -> String {
         format!("{} on {}", self.model.describe(), self.session.describe())

@@ -179,6 +179,7 @@ async fn health(State(server): State<Arc<Server>>) -> Json<serde_json::Value> {
         "slots": server.slots.len(),
         "free_slots": server.slots.free_slots(),
         "queued": server.slots.queued(),
+        "backends": server.slots.backends(),
     }))
 }
 

@@ -55,6 +55,9 @@ pub struct Slots {
     free: Arc<Semaphore>,
     queued: AtomicUsize,
     max_queued: usize,
+    /// Each slot's backend (`Engine::backend`), kept current by the engines' backend-change
+    /// hooks (a lost GPU device moves a slot to the CPU), readable while the slot generates.
+    backends: Arc<Mutex<Vec<String>>>,
 }
 
 /// The queue is full: the request is refused (503).
@@ -104,9 +107,28 @@ impl Drop for Queued<'_> {
 impl Slots {
     /// Starts one thread per engine.
     pub fn start(engines: Vec<Engine>, max_queued: usize) -> Arc<Slots> {
+        let backends = Arc::new(Mutex::new(
+            engines.iter().map(Engine::backend).collect::<Vec<_>>(),
+        ));
         let engines: Vec<_> = engines
             .into_iter()
-            .map(|e| Arc::new(Mutex::new(e)))
+            .enumerate()
+            .map(|(index, mut engine)| {
+                // A lost GPU device: the running request continues on the CPU, and so do the
+                // slot's later ones (/health lists each slot's backend).
+                let backends = backends.clone();
+                engine.on_backend_change(Box::new(move |change| {
+                    eprintln!(
+                        "lean: slot {index}: the GPU device was lost ({}) after {} generated \
+                         tokens; the request continues on {} (same tokens), and so do the \
+                         slot's next ones",
+                        change.reason, change.generated_tokens, change.to
+                    );
+                    backends.lock().unwrap_or_else(PoisonError::into_inner)[index] =
+                        change.to.clone();
+                }));
+                Arc::new(Mutex::new(engine))
+            })
             .collect();
         let mut jobs = Vec::new();
         for (index, engine) in engines.iter().enumerate() {
@@ -133,7 +155,16 @@ impl Slots {
             jobs,
             queued: AtomicUsize::new(0),
             max_queued,
+            backends,
         })
+    }
+
+    /// Each slot's backend, in one line each.
+    pub fn backends(&self) -> Vec<String> {
+        self.backends
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     pub fn len(&self) -> usize {

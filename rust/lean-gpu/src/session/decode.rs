@@ -85,6 +85,11 @@ impl GpuSession {
     /// current position.
     pub(super) fn run_chunk(&mut self, tokens: &[u32], output: Output) -> Result<()> {
         let n = tokens.len();
+        self.ctx.before_pass();
+        // A lost device records nothing more (its plans and buffers would be invalid).
+        if let Some(why) = self.ctx.lost_already() {
+            return Err(GpuError::DeviceLost(why));
+        }
         self.ctx
             .queue
             .write_buffer(&self.act.ids, 0, bytemuck::cast_slice(tokens));
@@ -260,6 +265,10 @@ impl GpuSession {
         // Pending passes hold the slots just before this one, in order: this one is free.
         let slot = self.decoded.next_slot;
         self.decoded.next_slot = (slot + 1) % self.decoded.staging.len();
+        self.ctx.before_pass();
+        if let Some(why) = self.ctx.lost_already() {
+            return Err(GpuError::DeviceLost(why));
+        }
         if let Some(token) = token {
             self.ctx
                 .queue

@@ -96,8 +96,13 @@ impl Drop for GpuSession {
     }
 }
 
-fn to_lean(e: GpuError) -> LeanError {
-    LeanError::Backend(format!("GPU: {e}"))
+/// A GPU error as the engine sees it: the device's loss as `LeanError::DeviceLost` (the engine
+/// may continue on the CPU), anything else as `LeanError::Backend`.
+pub fn to_lean(e: GpuError) -> LeanError {
+    match e {
+        GpuError::DeviceLost(why) => LeanError::DeviceLost(why),
+        e => LeanError::Backend(format!("GPU: {e}")),
+    }
 }
 
 impl GpuSession {
@@ -138,26 +143,31 @@ impl Session for GpuSession {
         want: Logits,
         on_logits: &mut (dyn FnMut(usize, &[f32]) + Send),
     ) -> lean::Result<()> {
+        let ctx = self.ctx.clone();
         self.discard_ahead();
         self.check(tokens)?;
         let vocab = self.model.config.vocab_size;
         match want {
             Logits::Last => {
-                let last = self.run_prefix(tokens).map_err(to_lean)?;
-                self.run_chunk(last, Output::Last).map_err(to_lean)?;
+                let last = self
+                    .run_prefix(tokens)
+                    .map_err(|e| to_lean(ctx.classify(e)))?;
+                self.run_chunk(last, Output::Last)
+                    .map_err(|e| to_lean(ctx.classify(e)))?;
                 let logits = self
                     .wait(self.ctx.read_f32(&self.act.logits, vocab))
-                    .map_err(to_lean)?;
+                    .map_err(|e| to_lean(ctx.classify(e)))?;
                 on_logits(tokens.len() - 1, &logits);
             }
             Logits::All => {
                 let rows = LOGITS_CHUNK.min(self.chunk);
                 for (i, chunk) in tokens.chunks(rows).enumerate() {
-                    self.run_chunk(chunk, Output::All).map_err(to_lean)?;
+                    self.run_chunk(chunk, Output::All)
+                        .map_err(|e| to_lean(ctx.classify(e)))?;
                     let buffer = self.act.logits_all.as_ref().expect("made by run_chunk");
                     let logits = self
                         .wait(self.ctx.read_f32(buffer, chunk.len() * vocab))
-                        .map_err(to_lean)?;
+                        .map_err(|e| to_lean(ctx.classify(e)))?;
                     for (r, row) in logits.chunks_exact(vocab).enumerate() {
                         on_logits(i * rows + r, row);
                     }
@@ -168,13 +178,17 @@ impl Session for GpuSession {
     }
 
     fn forward_argmax(&mut self, _model: &Model, tokens: &[u32]) -> lean::Result<u32> {
+        let ctx = self.ctx.clone();
         self.discard_ahead();
         self.check(tokens)?;
-        let last = self.run_prefix(tokens).map_err(to_lean)?;
-        self.run_chunk(last, Output::Last).map_err(to_lean)?;
+        let last = self
+            .run_prefix(tokens)
+            .map_err(|e| to_lean(ctx.classify(e)))?;
+        self.run_chunk(last, Output::Last)
+            .map_err(|e| to_lean(ctx.classify(e)))?;
         let id = self
             .wait(self.ctx.read_u32(&self.act.argmax, 1))
-            .map_err(to_lean)?;
+            .map_err(|e| to_lean(ctx.classify(e)))?;
         Ok(id[0])
     }
 
@@ -203,8 +217,9 @@ impl Session for GpuSession {
 
     #[cfg(not(target_arch = "wasm32"))]
     fn decode_argmax(&mut self, _model: &Model, token: u32, ahead: usize) -> lean::Result<u32> {
+        let ctx = self.ctx.clone();
         self.check(&[token])?;
-        pollster::block_on(self.decode(token, ahead)).map_err(to_lean)
+        pollster::block_on(self.decode(token, ahead)).map_err(|e| to_lean(ctx.classify(e)))
     }
 
     fn decode_argmax_async<'a>(
@@ -213,9 +228,12 @@ impl Session for GpuSession {
         token: u32,
         ahead: usize,
     ) -> LocalFuture<'a, lean::Result<u32>> {
+        let ctx = self.ctx.clone();
         Box::pin(async move {
             self.check(&[token])?;
-            self.decode(token, ahead).await.map_err(to_lean)
+            self.decode(token, ahead)
+                .await
+                .map_err(|e| to_lean(ctx.classify(e)))
         })
     }
 
@@ -225,18 +243,20 @@ impl Session for GpuSession {
         tokens: &'a [u32],
         rows: &'a mut Vec<f32>,
     ) -> LocalFuture<'a, lean::Result<()>> {
+        let ctx = self.ctx.clone();
         Box::pin(async move {
             self.discard_ahead();
             self.check(tokens)?;
             let vocab = self.model.config.vocab_size;
             rows.clear();
             for chunk in tokens.chunks(LOGITS_CHUNK.min(self.chunk)) {
-                self.run_chunk(chunk, Output::All).map_err(to_lean)?;
+                self.run_chunk(chunk, Output::All)
+                    .map_err(|e| to_lean(ctx.classify(e)))?;
                 let buffer = self.act.logits_all.as_ref().expect("made by run_chunk");
                 let logits = self
                     .settle(self.ctx.read_f32(buffer, chunk.len() * vocab))
                     .await
-                    .map_err(to_lean)?;
+                    .map_err(|e| to_lean(ctx.classify(e)))?;
                 rows.extend_from_slice(&logits);
             }
             Ok(())
@@ -267,20 +287,24 @@ impl Session for GpuSession {
         argmax_only: bool,
         logits: &'a mut [f32],
     ) -> LocalFuture<'a, lean::Result<u32>> {
+        let ctx = self.ctx.clone();
         Box::pin(async move {
             self.discard_ahead();
             self.check(tokens)?;
-            let last = self.run_prefix(tokens).map_err(to_lean)?;
-            self.run_chunk(last, Output::Last).map_err(to_lean)?;
+            let last = self
+                .run_prefix(tokens)
+                .map_err(|e| to_lean(ctx.classify(e)))?;
+            self.run_chunk(last, Output::Last)
+                .map_err(|e| to_lean(ctx.classify(e)))?;
             if argmax_only {
                 let id = self.settle(self.ctx.read_u32(&self.act.argmax, 1)).await;
-                return Ok(id.map_err(to_lean)?[0]);
+                return Ok(id.map_err(|e| to_lean(ctx.classify(e)))?[0]);
             }
             let vocab = self.model.config.vocab_size;
             let row = self
                 .settle(self.ctx.read_f32(&self.act.logits, vocab))
                 .await;
-            logits.copy_from_slice(&row.map_err(to_lean)?);
+            logits.copy_from_slice(&row.map_err(|e| to_lean(ctx.classify(e)))?);
             Ok(0)
         })
     }
