@@ -12,6 +12,9 @@
 #                                 parity tests of those models with LEAN_GPU_PARITY=full (speculative
 #                                 verification included) and `lean-cli bench-spec` on the GPU and
 #                                 on the CPU's 16 cores; JSON into $OUT
+#   scripts/device-spec.sh run-constrained   there, instead of `run`: decode with and without a
+#                                 JSON-schema constraint (issue 24's order_items schema),
+#                                 interleaved, 5 reps each, GPU and CPU; JSON lines into $OUT
 #
 # .devspec/ is git-ignored through .git/info/exclude and travels only as `carry`.
 set -uo pipefail
@@ -54,9 +57,9 @@ stash_parts() {
     echo
 }
 
-run_there() {
+# Joins the models that came in parts into $LEAN_MODELS and installs the Vulkan loader.
+setup_there() {
     stash_parts
-    local status=0 out=${OUT:-/tmp}
     for f in "$stash"/.gl/*.deb; do dpkg -x "$f" /; done
     ldconfig
     export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
@@ -72,24 +75,29 @@ run_there() {
             cut -f2 | xargs cat >"$LEAN_MODELS/$m"
     done
     (cd "$LEAN_MODELS" && sha256sum -c "$stash/bin/SHA256SUMS") || return 1
+    names_there=$names
     # The test binary finds fixtures/ by the path it was built at, and the models folder by the
     # q4_1 file (not brought: its test is not run).
     [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
     touch "$LEAN_MODELS/smollm2-135m-instruct-q4_1.gguf"
+}
 
+run_there() {
+    setup_there || return 1
+    local status=0 out=${OUT:-/tmp}
     # Greedy ids and speculative verification against the HF fixtures, every case in full.
     echo "=== lean-gpu parity (LEAN_GPU_PARITY=full)"
     local tests=()
-    case "$names" in *smollm2-135m-instruct-q4_0*) tests+=(smollm2_q4_0) ;; esac
-    case "$names" in *smollm2-135m-instruct-q8_0*) tests+=(smollm2_q8_0_drafted_by_q4_0) ;; esac
-    case "$names" in *qwen2.5-coder-0.5b-instruct-q4_0*) tests+=(qwen25_coder_q4_0) ;; esac
+    case "$names_there" in *smollm2-135m-instruct-q4_0*) tests+=(smollm2_q4_0) ;; esac
+    case "$names_there" in *smollm2-135m-instruct-q8_0*) tests+=(smollm2_q8_0_drafted_by_q4_0) ;; esac
+    case "$names_there" in *qwen2.5-coder-0.5b-instruct-q4_0*) tests+=(qwen25_coder_q4_0) ;; esac
     for t in "${tests[@]}"; do
         LEAN_GPU_PARITY=full CI=1 "$stash/bin/parity" --exact "$t" --nocapture --test-threads=1 || status=1
     done
 
     # Plain vs prompt lookup (vs a draft model: SmolLM2's Q4_0 file for its Q8_0 file) on the
     # three tasks, on the GPU and on the CPU's 16 cores.
-    for m in $names; do
+    for m in $names_there; do
         local draft=()
         [ "$m" = smollm2-135m-instruct-q8_0.gguf ] && [ -f "$LEAN_MODELS/smollm2-135m-instruct-q4_0.gguf" ] &&
             draft=(--draft "$LEAN_MODELS/smollm2-135m-instruct-q4_0.gguf")
@@ -103,9 +111,34 @@ run_there() {
     return $status
 }
 
+# Free vs JSON-schema-constrained decode of the same chat prompt, interleaved: the constrained
+# reply ends on its own after 96 tokens, as long as the free one, so the rates compare like for like.
+run_constrained() {
+    setup_there || return 1
+    local status=0 out=${OUT:-/tmp} prompt="Write a small shopping order as JSON."
+    python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["schema"]))' \
+        rust/lean-constraint/tests/schemas/order_items.json >/tmp/order.schema.json
+    for m in $names_there; do
+        for backend in gpu cpu; do
+            for rep in 0 1 2 3 4 5; do # rep 0 warms up
+                for mode in free constrained; do
+                    local args=(-n 96)
+                    [ $mode = constrained ] && args=(-n 120 --json-schema /tmp/order.schema.json)
+                    "$stash/bin/lean-cli" -m "$LEAN_MODELS/$m" --tokenizer gguf --backend $backend \
+                        --threads 16 -p "$prompt" "${args[@]}" --json 2>/dev/null |
+                        python3 -c 'import json,sys; r=json.load(sys.stdin); t=r["timings"]; print(json.dumps({"model":sys.argv[1],"backend":sys.argv[2],"mode":sys.argv[3],"rep":int(sys.argv[4]),"tokens":t["generated_tokens"],"finish":r["finish_reason"],"decode_tok_s":t["decode_tokens_per_second"],"prefill_s":t["prefill_seconds"]}))' \
+                            "$m" $backend $mode $rep | tee -a "$out/constrained.jsonl" || status=1
+                done
+            done
+        done
+    done
+    return $status
+}
+
 case "${1:-}" in
     prepare) shift; prepare "$@" ;;
     stash) stash_parts ;;
     run) run_there ;;
-    *) echo "usage: $0 prepare [MODEL...] | stash | run" >&2; exit 2 ;;
+    run-constrained) run_constrained ;;
+    *) echo "usage: $0 prepare [MODEL...] | stash | run | run-constrained" >&2; exit 2 ;;
 esac

@@ -87,10 +87,19 @@ pub fn chat_template(data: &[u8]) {
     let Ok(source) = std::str::from_utf8(data) else {
         return;
     };
-    static JSON: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let json = JSON.get_or_init(seeds::tokenizer_json);
-    let tokenizer = Tokenizer::from_bytes(json.as_bytes(), None, Some(source))
-        .expect("the fixed tokenizer.json loads");
+    // One tokenizer for every input (parsing its JSON each time would be most of the work);
+    // only the template changes.
+    static TOKENIZER: std::sync::OnceLock<std::sync::Mutex<Tokenizer>> = std::sync::OnceLock::new();
+    let mut tokenizer = TOKENIZER
+        .get_or_init(|| {
+            let json = seeds::tokenizer_json();
+            let tokenizer = Tokenizer::from_bytes(json.as_bytes(), None, None)
+                .expect("the fixed tokenizer.json loads");
+            std::sync::Mutex::new(tokenizer)
+        })
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    tokenizer.set_chat_template(source);
     let messages = [
         ChatMessage::new("system", "Be brief."),
         ChatMessage::new("user", "Hello <|im_end|> {{ 7*7 }}"),

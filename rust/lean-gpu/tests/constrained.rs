@@ -111,4 +111,27 @@ fn json_schema_greedy_equals_the_cpu_reading_back_only_ids() {
         engine.bytes_read() - before,
         4 * want.token_ids.len() as u64
     );
+
+    // The next turn reuses the cache up to the reply, free and constrained: the pass queued
+    // behind the last masked argmax (fed an id nobody kept) must not count as cached, nor
+    // leave its position behind.
+    let Prompt::Chat(mut messages) = prompt.clone() else {
+        unreachable!()
+    };
+    messages.push(ChatMessage::new("assistant", want.text.as_str()));
+    messages.push(ChatMessage::new("user", "Now give another person."));
+    let next = Prompt::Chat(messages);
+    let free = GenerateOptions {
+        max_tokens: 6,
+        ..Default::default()
+    };
+    for options in [&free, &options] {
+        cpu.generate(&prompt, &person(10).1, |_| true).unwrap();
+        let want = cpu.generate(&next, options, |_| true).unwrap();
+        engine.generate(&prompt, &person(10).1, |_| true).unwrap();
+        let got = engine.generate(&next, options, |_| true).unwrap();
+        assert!(got.timings.cached_tokens > 0, "the cache was reused");
+        assert_eq!(got.timings.cached_tokens, want.timings.cached_tokens);
+        assert_eq!(got.token_ids, want.token_ids, "GPU: {:?}", got.text);
+    }
 }

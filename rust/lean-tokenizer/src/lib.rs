@@ -249,6 +249,12 @@ impl Tokenizer {
         self.chat.is_ok()
     }
 
+    /// Replaces the chat template with `source` (as a `chat_template.jinja` given at load does);
+    /// one that does not compile makes the chat calls fail with its error, as at load.
+    pub fn set_chat_template(&mut self, source: &str) {
+        self.chat = chat::ChatTemplate::compile(source.to_string());
+    }
+
     /// Pins the time (Unix seconds, rendered as UTC) that the templates' `strftime_now` sees;
     /// `None` goes back to the system clock. wasm32 has no clock, so set it there before
     /// rendering a template that asks for the date.

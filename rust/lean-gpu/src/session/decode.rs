@@ -218,6 +218,7 @@ impl GpuSession {
     /// ids are read and dropped before the next decode pass is queued).
     pub(super) fn discard_ahead(&mut self) {
         self.ahead = None;
+        self.masked_ahead = None;
         self.pos -= self.queued;
         self.queued = 0;
     }
@@ -345,23 +346,71 @@ impl GpuSession {
     /// Greedy decoding under a constraint (`Session::forward_argmax_masked`): submits the pass
     /// of `tokens`, asks `mask` for the allowed tokens while the device runs it (the constraint's
     /// work on the CPU overlaps the forward pass), uploads them, and takes the masked argmax on
-    /// the device: its id (4 bytes) is all that comes back.
+    /// the device: its id (4 bytes) is all that comes back. The next token's pass is queued
+    /// behind it, fed that id on the device, before the id is read: the device is not idle
+    /// while the id comes back and the constraint takes it, and a call for that id (the next
+    /// step's) only adds the masked argmax.
     pub(super) async fn argmax_masked(
         &mut self,
         tokens: &[u32],
         mask: &mut dyn TokenMask,
     ) -> lean::Result<Option<u32>> {
-        self.discard_ahead();
-        self.check(tokens)?;
-        let last = self.run_prefix(tokens).map_err(to_lean)?;
-        self.run_chunk(last, Output::Last).map_err(to_lean)?;
+        let queued_ahead = tokens.len() == 1 && self.masked_ahead == Some(tokens[0]);
+        if queued_ahead {
+            // That pass is this one: it holds its position already.
+            self.masked_ahead = None;
+            self.queued = 0;
+        } else {
+            self.discard_ahead();
+            self.check(tokens)?;
+            let last = self.run_prefix(tokens).map_err(to_lean)?;
+            self.run_chunk(last, Output::Last).map_err(to_lean)?;
+        }
         let allowed = mask.allowed()?;
         let id = self.submit_masked_argmax(allowed).await.map_err(to_lean)?;
         Ok((id != NO_TOKEN).then_some(id))
     }
 
+    /// Queues the decode pass of the masked argmax's id (copied on the device into the ids
+    /// buffer) at `self.pos`, counted in `queued`. An id of NO_TOKEN embeds nothing (embed.wgsl
+    /// skips ids outside its rows): that pass's output is garbage, and dropped.
+    fn submit_masked_ahead(&mut self) -> Result<()> {
+        self.ctx.before_pass();
+        if let Some(why) = self.ctx.lost_already() {
+            return Err(GpuError::DeviceLost(why));
+        }
+        self.step.set(&self.ctx, self.pos)?;
+        if self.decode_plan.is_none() {
+            self.decode_plan = Some(self.record(1, Output::Last)?);
+        }
+        let plan = self.decode_plan.as_ref().expect("recorded above");
+        let mut encoder = self
+            .ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("lean decode behind a masked argmax"),
+            });
+        encoder.copy_buffer_to_buffer(&self.act.argmax_masked, 0, &self.act.ids, 0, 4);
+        let profiled = match &self.profiler {
+            Some(profiler) => profiler.encode(plan, &mut encoder),
+            None => {
+                plan.encode(&mut encoder);
+                None
+            }
+        };
+        self.ctx.queue.submit([encoder.finish()]);
+        if let (Some(profiler), Some(n)) = (self.profiler.as_mut(), profiled) {
+            profiler.collect(&self.ctx, "decode", plan, n);
+        }
+        self.ctx.take_error()?;
+        self.pos += 1;
+        self.queued = 1;
+        Ok(())
+    }
+
     /// Uploads `allowed` (ids past its end disallowed) and runs the masked argmax over the
-    /// logits of the pass submitted last; returns its id, or NO_TOKEN.
+    /// logits of the pass submitted last, queues the next pass behind it (room permitting);
+    /// returns its id, or NO_TOKEN.
     async fn submit_masked_argmax(&mut self, allowed: &[u32]) -> Result<u32> {
         let vocab = self.model.config.vocab_size;
         let words = mask_words(vocab);
@@ -418,6 +467,9 @@ impl GpuSession {
         }
         let map = self.ctx.request_map(&staging);
         self.ctx.take_error()?;
+        if self.pos < self.capacity {
+            self.submit_masked_ahead()?;
+        }
         self.ctx
             .device
             .poll(wgpu::PollType::Wait {
@@ -428,7 +480,11 @@ impl GpuSession {
         let bytes = self.ctx.read_mapped(&map, &staging, 4).await?;
         self.ctx.take_error()?;
         self.count_read(bytes.len());
-        Ok(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+        let id = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        if self.queued == 1 {
+            self.masked_ahead = Some(id);
+        }
+        Ok(id)
     }
 
     pub(super) fn check(&self, tokens: &[u32]) -> lean::Result<()> {

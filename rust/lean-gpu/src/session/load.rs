@@ -326,6 +326,7 @@ impl GpuSession {
             decoded: DecodedIds::new(&ctx_for_ids),
             ahead: None,
             queued: 0,
+            masked_ahead: None,
             profiler: Profiler::from_env(&ctx_for_ids),
         })
     }

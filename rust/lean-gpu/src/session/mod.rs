@@ -82,8 +82,12 @@ pub struct GpuSession {
     /// first of them runs, read back by the previous call.
     ahead: Option<u32>,
     /// How many decode passes are queued ahead: the last entries of `decoded.pending`, the
-    /// first running `ahead`, each later one the argmax of the one before.
+    /// first running `ahead`, each later one the argmax of the one before; or (with `ahead`
+    /// unset) the one pass queued behind a masked argmax, running its id.
     queued: usize,
+    /// The id the pass queued behind the last masked argmax runs, once read back
+    /// (`argmax_masked`): the next call for that token finds its pass done or under way.
+    masked_ahead: Option<u32>,
     /// LEAN_GPU_PROFILE: GPU time per dispatch, printed when the session ends.
     profiler: Option<Profiler>,
 }
