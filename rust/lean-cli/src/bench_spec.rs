@@ -31,6 +31,10 @@ pub struct BenchSpecArgs {
     /// Measured repetitions of each task and mode (the first run of all is a warm-up).
     #[arg(long, default_value_t = 2)]
     reps: usize,
+    /// Guess at every step, even where passes cost more per token than plain steps (the
+    /// default pauses guessing then: see `lean::speculative`).
+    #[arg(long)]
+    no_cost_check: bool,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -68,12 +72,16 @@ pub fn run(args: BenchSpecArgs) -> CliResult {
         max_tokens: args.gen_tokens,
         ..Default::default()
     };
+    let checked = |spec: Speculation| match args.no_cost_check {
+        true => spec.without_cost_check(),
+        false => spec,
+    };
     let speculative = GenerateOptions {
-        speculation: Some(Speculation::lookup(args.lookup)),
+        speculation: Some(checked(Speculation::lookup(args.lookup))),
         ..plain.clone()
     };
     let drafted = GenerateOptions {
-        speculation: Some(Speculation::draft_model(args.draft_max)),
+        speculation: Some(checked(Speculation::draft_model(args.draft_max))),
         ..plain.clone()
     };
     let mut run = |prompt: &Prompt, options: &GenerateOptions| -> CliResult<Generation> {
@@ -116,6 +124,7 @@ pub fn run(args: BenchSpecArgs) -> CliResult {
                 "drafted_tokens": stats.drafted,
                 "accepted_tokens": stats.accepted,
                 "acceptance_rate": stats.acceptance_rate(),
+                "paused_steps": stats.paused_steps,
             })
         });
         rows.push(serde_json::json!({
@@ -129,6 +138,7 @@ pub fn run(args: BenchSpecArgs) -> CliResult {
             "drafted_tokens": stats.drafted,
             "accepted_tokens": stats.accepted,
             "acceptance_rate": stats.acceptance_rate(),
+            "paused_steps": stats.paused_steps,
             "draft_model": draft,
             "same_tokens": same,
         }));
@@ -138,15 +148,18 @@ pub fn run(args: BenchSpecArgs) -> CliResult {
         let out = serde_json::json!({
             "backend": engine.backend(), "threads": threads, "lookup": args.lookup,
             "draft_model": engine.draft_model(), "draft_max": args.draft_max,
-            "gen_tokens": args.gen_tokens, "reps": args.reps, "tasks": rows,
+            "gen_tokens": args.gen_tokens, "reps": args.reps,
+            "cost_check": !args.no_cost_check, "tasks": rows,
         });
         println!("{out}");
     } else {
         println!(
-            "{} · {} threads · prompt lookup, guesses of up to {} tokens · median of {} reps",
+            "{} · {} threads · prompt lookup, guesses of up to {} tokens · cost check {} · median \
+             of {} reps",
             engine.backend(),
             threads,
             args.lookup,
+            if args.no_cost_check { "off" } else { "on" },
             args.reps
         );
         if let Some(draft) = engine.draft_model() {
@@ -156,12 +169,12 @@ pub fn run(args: BenchSpecArgs) -> CliResult {
             );
         }
         let draft_header = if args.draft.is_some() {
-            "  draft tok/s  speed-up  accepted"
+            "  draft tok/s  speed-up  accepted  paused"
         } else {
             ""
         };
         println!(
-            "task      prompt  generated  plain tok/s  lookup tok/s  speed-up  accepted {draft_header}  same tokens"
+            "task      prompt  generated  plain tok/s  lookup tok/s  speed-up  accepted  paused{draft_header}  same tokens"
         );
         for r in &rows {
             let draft = &r["draft_model"];
@@ -169,15 +182,16 @@ pub fn run(args: BenchSpecArgs) -> CliResult {
                 String::new()
             } else {
                 format!(
-                    "  {:>11.1}  {:>7.2}x  {:>4}/{:<4}",
+                    "  {:>11.1}  {:>7.2}x  {:>4}/{:<4}  {:>6}",
                     draft["decode_tokens_per_second"].as_f64().unwrap_or(0.0),
                     draft["speedup"].as_f64().unwrap_or(0.0),
                     draft["accepted_tokens"].as_u64().unwrap_or(0),
                     draft["drafted_tokens"].as_u64().unwrap_or(0),
+                    draft["paused_steps"].as_u64().unwrap_or(0),
                 )
             };
             println!(
-                "{:<8}  {:>6}  {:>9}  {:>11.1}  {:>12.1}  {:>7.2}x  {:>4}/{:<4}{}  {}",
+                "{:<8}  {:>6}  {:>9}  {:>11.1}  {:>12.1}  {:>7.2}x  {:>4}/{:<4}  {:>6}{}  {}",
                 r["task"].as_str().unwrap_or(""),
                 r["prompt_tokens"].as_u64().unwrap_or(0),
                 r["generated_tokens"].as_u64().unwrap_or(0),
@@ -186,6 +200,7 @@ pub fn run(args: BenchSpecArgs) -> CliResult {
                 r["speedup"].as_f64().unwrap_or(0.0),
                 r["accepted_tokens"].as_u64().unwrap_or(0),
                 r["drafted_tokens"].as_u64().unwrap_or(0),
+                r["paused_steps"].as_u64().unwrap_or(0),
                 draft_columns,
                 if r["same_tokens"] == true {
                     "yes"

@@ -558,7 +558,8 @@ fn run(args: RunArgs) -> CliResult {
     let spec = &t.speculation;
     if let Some(speculation) = &options.speculation {
         eprintln!(
-            "lean: {}: {} verification passes, {} of {} guessed tokens accepted ({:.0}%)",
+            "lean: {}: {} verification passes, {} of {} guessed tokens accepted ({:.0}%), {} \
+             steps without a guess while passes did not pay",
             match speculation {
                 lean::Speculation::Lookup { .. } => "prompt lookup",
                 lean::Speculation::DraftModel { .. } => "draft model",
@@ -566,7 +567,8 @@ fn run(args: RunArgs) -> CliResult {
             spec.verifications,
             spec.accepted,
             spec.drafted,
-            100.0 * spec.acceptance_rate()
+            100.0 * spec.acceptance_rate(),
+            spec.paused_steps
         );
     }
     if args.json {
@@ -588,6 +590,7 @@ fn run(args: RunArgs) -> CliResult {
                     "drafted_tokens": spec.drafted,
                     "accepted_tokens": spec.accepted,
                     "acceptance_rate": spec.acceptance_rate(),
+                    "paused_steps": spec.paused_steps,
                 },
             },
         });

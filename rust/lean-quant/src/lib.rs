@@ -41,6 +41,25 @@ pub fn matvec_serial(ty: TensorType, w: &[u8], rows: usize, cols: usize, x: &[f3
     Isa::selected().matvec_serial(ty, w, rows, cols, x, y)
 }
 
+/// `matvec_serial` for several activations at once: `x` holds `ys.len()` of `cols` elements,
+/// one after another, and `ys[c][r] = dot(row r of w, x[c*cols..(c+1)*cols])`. Each column's
+/// values equal `matvec_serial`'s for it alone bit for bit, while the weights are read and
+/// decoded once for all columns (speculative decoding's verification pass costs little more
+/// than one decode step, and agrees with plain decoding exactly).
+///
+/// # Panics
+/// If the slice sizes do not match `rows`, `cols`, `ys.len()` and `ty`.
+pub fn matvec_columns(
+    ty: TensorType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    ys: &mut [&mut [f32]],
+) {
+    Isa::selected().matvec_columns(ty, w, rows, cols, x, ys)
+}
+
 /// Prefill: `x` is `n` x `cols` (one token per row), `y` is `n` x `rows`:
 /// `y[t*rows + r] = dot(row r of w, row t of x)`. Dequantizes panels of weight rows once and
 /// runs an f32 register-tiled kernel over all tokens; parallel over panels with "threads".

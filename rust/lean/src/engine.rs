@@ -562,7 +562,7 @@ impl Engine {
                             "prompt lookup needs drafts and n-grams of at least one token".into(),
                         ));
                     }
-                    Speculation::DraftModel { max_draft: 0 } => {
+                    Speculation::DraftModel { max_draft: 0, .. } => {
                         return Err(LeanError::InvalidArgument(
                             "a draft model needs drafts of at least one token".into(),
                         ));
@@ -672,6 +672,7 @@ impl Engine {
     /// The forward pass of a step that runs one (`id`, the last generated token; with a guess
     /// after it when speculating); on failure nothing is booked, so it can run again.
     fn step_forward(&mut self, active: &mut ActiveGeneration, id: u32) -> Result<()> {
+        let t0 = now();
         match self.speculation_pass(active, id)? {
             Some(pass) => {
                 let verified = if active.argmax_only {
@@ -684,7 +685,7 @@ impl Engine {
                         .forward_logits_all(&self.model, &pass, rows)
                         .map(|()| None)
                 };
-                self.settle_verification(active, &pass, verified)
+                self.settle_verification(active, &pass, verified, since(t0))
             }
             None => if active.argmax_only {
                 // Passes queued ahead are discarded by a verification pass: none when
@@ -708,6 +709,7 @@ impl Engine {
             .map(|next| {
                 active.next_argmax = next;
                 self.cached.push(id);
+                active.record_plain(since(t0));
             }),
         }
     }
@@ -717,7 +719,7 @@ impl Engine {
     /// has no guess (a plain step then). A draft model guesses synchronously, also in
     /// `step_async`.
     fn speculation_pass(&mut self, active: &ActiveGeneration, id: u32) -> Result<Option<Vec<u32>>> {
-        let Some(drafter) = active.drafter.as_ref() else {
+        let Some(drafter) = active.drafter.as_ref().filter(|d| !d.paused()) else {
             return Ok(None);
         };
         // Guesses past max_tokens or the context would be wasted work: the step that emits the
@@ -753,6 +755,7 @@ impl Engine {
         active: &mut ActiveGeneration,
         pass: &[u32],
         verified: Result<Option<Vec<u32>>>,
+        seconds: f64,
     ) -> Result<()> {
         let draft = &pass[1..];
         let decided = match verified? {
@@ -770,7 +773,7 @@ impl Engine {
             .drafter
             .as_mut()
             .expect("a speculative step has a drafter");
-        drafter.record(draft.len(), accepted);
+        drafter.record(draft.len(), accepted, seconds);
         active.timings.speculation = drafter.stats;
         Ok(())
     }
@@ -831,6 +834,7 @@ impl Engine {
     /// `step_forward` awaiting the session.
     async fn step_forward_async(&mut self, active: &mut ActiveGeneration, id: u32) -> Result<()> {
         let tokens = [id];
+        let t0 = now();
         match self.speculation_pass(active, id)? {
             Some(pass) => {
                 let verified = if active.argmax_only {
@@ -843,7 +847,7 @@ impl Engine {
                         .forward_logits_all_async(&self.model, &pass, rows);
                     logits.await.map(|()| None)
                 };
-                self.settle_verification(active, &pass, verified)
+                self.settle_verification(active, &pass, verified, since(t0))
             }
             None => if active.argmax_only {
                 // Passes queued ahead are discarded by a verification pass: none when
@@ -871,6 +875,7 @@ impl Engine {
             .map(|next| {
                 active.next_argmax = next;
                 self.cached.push(id);
+                active.record_plain(since(t0));
             }),
         }
     }
@@ -1052,6 +1057,14 @@ pub struct ActiveGeneration {
 }
 
 impl ActiveGeneration {
+    /// Books a step that ran without a guess with the drafter, if speculating.
+    fn record_plain(&mut self, seconds: f64) {
+        if let Some(drafter) = &mut self.drafter {
+            drafter.record_plain(seconds);
+            self.timings.speculation = drafter.stats;
+        }
+    }
+
     pub fn prompt_ids(&self) -> &[u32] {
         &self.ids[..self.prompt_len]
     }

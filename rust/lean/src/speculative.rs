@@ -14,6 +14,13 @@
 //! it as a prediction, searched first. Or from a draft model: a smaller model with the same
 //! vocabulary decodes the guess greedily ([`DraftModel`]), with a KV cache of its own that keeps
 //! the prefix it shares with the text.
+//!
+//! Speculation pays only where a pass over a few tokens costs little more than one token and
+//! guesses are accepted; in open chat they rarely are. So a cost check (on by default, where the
+//! platform has a clock) times plain steps and verification passes per token produced (moving
+//! averages), and while a pass's tokens come dearer than plain ones it runs plain steps for a
+//! while (4, then twice as many after each further loss, up to 64), then probes with a
+//! one-token guess that grows again if accepted.
 
 use crate::error::{LeanError, Result};
 use crate::model::Model;
@@ -30,10 +37,12 @@ pub enum Speculation {
         max_draft: usize,
         /// Token ids the output is expected to resemble (may be empty).
         prediction: Vec<u32>,
+        /// Pause guessing while passes cost more per token than plain steps (see the module).
+        cost_check: bool,
     },
     /// The engine's draft model (`Engine::set_draft_model`) guesses up to `max_draft` tokens,
     /// greedily.
-    DraftModel { max_draft: usize },
+    DraftModel { max_draft: usize, cost_check: bool },
 }
 
 impl Speculation {
@@ -43,12 +52,47 @@ impl Speculation {
             max_ngram: 3,
             max_draft,
             prediction: Vec::new(),
+            cost_check: true,
         }
     }
 
     /// Guesses of up to `max_draft` tokens by the engine's draft model.
     pub fn draft_model(max_draft: usize) -> Self {
-        Speculation::DraftModel { max_draft }
+        Speculation::DraftModel {
+            max_draft,
+            cost_check: true,
+        }
+    }
+
+    /// The same, guessing at every step however the passes pay (tests that count guesses;
+    /// benchmarks of the passes themselves).
+    pub fn without_cost_check(self) -> Self {
+        match self {
+            Speculation::Lookup {
+                max_ngram,
+                max_draft,
+                prediction,
+                ..
+            } => Speculation::Lookup {
+                max_ngram,
+                max_draft,
+                prediction,
+                cost_check: false,
+            },
+            Speculation::DraftModel { max_draft, .. } => Speculation::DraftModel {
+                max_draft,
+                cost_check: false,
+            },
+        }
+    }
+
+    /// Whether guessing pauses while passes do not pay.
+    pub fn cost_check(&self) -> bool {
+        match self {
+            Speculation::Lookup { cost_check, .. } | Speculation::DraftModel { cost_check, .. } => {
+                *cost_check
+            }
+        }
     }
 
     /// The same, with the output expected to resemble `prediction` (prompt lookup searches it
@@ -58,11 +102,13 @@ impl Speculation {
             Speculation::Lookup {
                 max_ngram,
                 max_draft,
+                cost_check,
                 ..
             } => Speculation::Lookup {
                 max_ngram,
                 max_draft,
                 prediction,
+                cost_check,
             },
             draft_model => draft_model,
         }
@@ -71,7 +117,7 @@ impl Speculation {
     /// The longest guess.
     pub fn max_draft(&self) -> usize {
         match self {
-            Speculation::Lookup { max_draft, .. } | Speculation::DraftModel { max_draft } => {
+            Speculation::Lookup { max_draft, .. } | Speculation::DraftModel { max_draft, .. } => {
                 *max_draft
             }
         }
@@ -87,6 +133,8 @@ pub struct SpeculationStats {
     pub drafted: usize,
     /// Guessed tokens that equalled the target's choice.
     pub accepted: usize,
+    /// Steps run without a guess because the cost check paused guessing.
+    pub paused_steps: usize,
 }
 
 impl SpeculationStats {
@@ -110,7 +158,32 @@ pub struct Drafter {
     prediction: Vec<u32>,
     /// The length of the next draft.
     length: usize,
+    /// `None` without the cost check.
+    cost: Option<CostCheck>,
     pub stats: SpeculationStats,
+}
+
+/// The cost check's state: moving averages of a plain step's seconds and of a pass's seconds
+/// and tokens produced (their ratio weighs passes by the tokens they gave), and the pause.
+#[derive(Clone, Debug)]
+struct CostCheck {
+    plain: Option<f64>,
+    pass_seconds: Option<f64>,
+    pass_tokens: Option<f64>,
+    /// Plain steps left before the next guess.
+    pause: usize,
+    /// The pause after the next losing pass.
+    backoff: usize,
+}
+
+/// Weight of the newest time in the cost check's averages.
+const COST_SMOOTHING: f64 = 0.25;
+/// The cost check's shortest and longest pauses, in steps.
+const MIN_PAUSE: usize = 4;
+const MAX_PAUSE: usize = 64;
+
+fn average(old: Option<f64>, new: f64) -> Option<f64> {
+    Some(old.map_or(new, |old| old + COST_SMOOTHING * (new - old)))
 }
 
 impl Drafter {
@@ -128,7 +201,33 @@ impl Drafter {
             max_draft: spec.max_draft(),
             prediction,
             length: spec.max_draft(),
+            cost: spec.cost_check().then_some(CostCheck {
+                plain: None,
+                pass_seconds: None,
+                pass_tokens: None,
+                pause: 0,
+                backoff: MIN_PAUSE,
+            }),
             stats: SpeculationStats::default(),
+        }
+    }
+
+    /// Whether the cost check has paused guessing: the next step runs plain.
+    pub fn paused(&self) -> bool {
+        self.cost.as_ref().is_some_and(|c| c.pause > 0)
+    }
+
+    /// Books a step that ran without a guess (paused, or no guess was found) and took
+    /// `seconds` (0 where the platform has no clock: the cost check then never pauses).
+    pub fn record_plain(&mut self, seconds: f64) {
+        if let Some(cost) = &mut self.cost {
+            if cost.pause > 0 {
+                cost.pause -= 1;
+                self.stats.paused_steps += 1;
+            }
+            if seconds > 0.0 {
+                cost.plain = average(cost.plain, seconds);
+            }
         }
     }
 
@@ -173,8 +272,9 @@ impl Drafter {
         Vec::new()
     }
 
-    /// Books a verification of a `drafted`-token guess of which `accepted` were right.
-    pub fn record(&mut self, drafted: usize, accepted: usize) {
+    /// Books a verification of a `drafted`-token guess of which `accepted` were right, which
+    /// took `seconds` with the guessing (0 where the platform has no clock).
+    pub fn record(&mut self, drafted: usize, accepted: usize, seconds: f64) {
         self.stats.verifications += 1;
         self.stats.drafted += drafted;
         self.stats.accepted += accepted;
@@ -183,6 +283,23 @@ impl Drafter {
         } else {
             self.length.saturating_sub(1).max(1)
         };
+        if let Some(cost) = self.cost.as_mut().filter(|_| seconds > 0.0) {
+            cost.pass_seconds = average(cost.pass_seconds, seconds);
+            cost.pass_tokens = average(cost.pass_tokens, (accepted + 1) as f64);
+            let per_token = cost.pass_seconds.zip(cost.pass_tokens).map(|(s, t)| s / t);
+            match (cost.plain, per_token) {
+                // No plain step timed yet: one, to compare with.
+                (None, _) => cost.pause = 1,
+                (Some(plain), Some(per_token)) if per_token > plain => {
+                    cost.pause = cost.backoff;
+                    cost.backoff = (cost.backoff * 2).min(MAX_PAUSE);
+                    // The first guess after the pause is a cheap probe; it grows if accepted.
+                    self.length = 1;
+                }
+                // Paying again: the next pause (if any) shorter.
+                _ => cost.backoff = (cost.backoff / 2).max(MIN_PAUSE),
+            }
+        }
     }
 }
 
@@ -311,7 +428,70 @@ mod tests {
             max_ngram,
             max_draft,
             prediction: Vec::new(),
+            cost_check: false,
         })
+    }
+
+    /// Passes that cost more per token than plain steps pause guessing for 4, then 8, 16 ...
+    /// 64 steps; a pass that pays resets the pause; without a clock (0 s) nothing pauses.
+    #[test]
+    fn the_cost_check_pauses_guessing_while_passes_do_not_pay() {
+        let mut d = Drafter::new(&Speculation::lookup(4));
+        // No plain step timed yet: one plain step first.
+        d.record(4, 0, 0.003);
+        assert!(d.paused());
+        d.record_plain(0.001);
+        assert!(!d.paused());
+        // 3 ms for 1 token against 1 ms plain: pause 4, then 8.
+        let mut pauses = Vec::new();
+        for _ in 0..5 {
+            d.record(4, 0, 0.003);
+            let mut steps = 0;
+            while d.paused() {
+                d.record_plain(0.001);
+                steps += 1;
+            }
+            pauses.push(steps);
+        }
+        assert_eq!(pauses, [4, 8, 16, 32, 64]);
+        assert_eq!(d.next_length(8), 1, "after a pause, a one-token probe");
+        d.record(4, 0, 0.003);
+        assert!(d.paused(), "the longest pause is kept");
+        while d.paused() {
+            d.record_plain(0.001);
+        }
+        // Passes that pay (5 tokens in 2 ms) bring the average down and reset the pause.
+        let (mut paid, mut paused_while_paying) = (0, 0);
+        while d.paused() || paid < 20 {
+            if d.paused() {
+                d.record_plain(0.001);
+                paused_while_paying += 1;
+            } else {
+                d.record(4, 4, 0.002);
+                paid += 1;
+            }
+        }
+        assert!(!d.paused());
+        d.record(4, 0, 0.003);
+        assert!(
+            !d.paused(),
+            "one bad pass after many good ones does not lose on average"
+        );
+        assert_eq!(
+            d.stats.paused_steps,
+            1 + 4 + 8 + 16 + 32 + 64 + 64 + paused_while_paying
+        );
+
+        let mut no_clock = Drafter::new(&Speculation::lookup(4));
+        for _ in 0..10 {
+            no_clock.record(4, 0, 0.0);
+            no_clock.record_plain(0.0);
+            assert!(!no_clock.paused());
+        }
+        let mut unchecked = Drafter::new(&Speculation::lookup(4).without_cost_check());
+        unchecked.record_plain(0.001);
+        unchecked.record(4, 0, 0.1);
+        assert!(!unchecked.paused());
     }
 
     #[test]
@@ -357,18 +537,18 @@ mod tests {
         let mut d = drafter(3, 6);
         let ids: Vec<u32> = (0..20).chain(0..20).collect();
         assert_eq!(d.draft(&ids[..25], 0, 100).len(), 6);
-        d.record(6, 2);
+        d.record(6, 2, 0.0);
         assert_eq!(d.length, 5);
-        d.record(5, 0);
-        d.record(4, 0);
-        d.record(3, 0);
-        d.record(2, 0);
-        d.record(1, 0);
+        d.record(5, 0, 0.0);
+        d.record(4, 0, 0.0);
+        d.record(3, 0, 0.0);
+        d.record(2, 0, 0.0);
+        d.record(1, 0, 0.0);
         assert_eq!(d.length, 1, "never below one");
-        d.record(1, 1);
+        d.record(1, 1, 0.0);
         assert_eq!(d.length, 3);
-        d.record(3, 3);
-        d.record(5, 5);
+        d.record(3, 3, 0.0);
+        d.record(5, 5, 0.0);
         assert_eq!(d.length, 6, "never above the maximum");
         assert_eq!(d.stats.verifications, 9);
         assert_eq!(d.stats.drafted, 30);

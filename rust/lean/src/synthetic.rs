@@ -269,6 +269,20 @@ pub fn synthetic_gguf(
     build(&shape.params(), shape.name(), weights, seed)
 }
 
+/// `synthetic_gguf` with only the first `n_layers` layers: every layer of a shape is alike, so
+/// tests of the forward pass's arithmetic need few (the full files reach 3.3 GB).
+#[cfg(test)]
+pub(crate) fn reduced_gguf(
+    shape: SyntheticShape,
+    weights: SyntheticWeights,
+    n_layers: usize,
+    seed: u64,
+) -> Result<Vec<u8>> {
+    let mut p = shape.params();
+    p.n_layers = n_layers;
+    build(&p, shape.name(), weights, seed)
+}
+
 /// Standard deviation of the dequantized matrix weights (typical of trained small LMs).
 const WEIGHT_STD: f32 = 0.02;
 
@@ -539,9 +553,7 @@ mod tests {
     /// A shape with fewer layers: the per-layer tensors are all alike, and the big shapes' full
     /// files (up to 3.3 GB) would make the tests slow.
     fn reduced(shape: SyntheticShape, weights: SyntheticWeights, n_layers: usize) -> Model {
-        let mut p = shape.params();
-        p.n_layers = n_layers;
-        let bytes = build(&p, shape.name(), weights, 7).unwrap();
+        let bytes = reduced_gguf(shape, weights, n_layers, 7).unwrap();
         Model::load(ModelBytes::Owned(bytes)).unwrap()
     }
 

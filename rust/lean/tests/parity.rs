@@ -155,7 +155,7 @@ fn a_draft_model_with_another_vocabulary_is_refused() {
     // Without a draft model, asking for one is a clear error too; the engine stays usable.
     let options = lean::GenerateOptions {
         max_tokens: 4,
-        speculation: Some(lean::Speculation::draft_model(4)),
+        speculation: Some(lean::Speculation::draft_model(4).without_cost_check()),
         ..Default::default()
     };
     let prompt = lean::Prompt::Raw("Hello".into());

@@ -17,6 +17,7 @@ pub(super) fn supported() -> bool {
 pub(super) static KERNELS: Kernels = Kernels {
     dot,
     rows,
+    columns: None,
     dequant,
     vecmat,
     gemm: Gemm {

@@ -57,6 +57,87 @@ thread_local! {
         const { RefCell::new(super::SplitCache::new()) };
 }
 
+thread_local! {
+    /// `columns`' splits, one cache per column (q, k and v; gate and up share them).
+    static COLUMN_SPLITS: RefCell<Vec<super::SplitCache<TensorType, Group>>> =
+        const { RefCell::new(Vec::new()) };
+}
+
+/// Columns `columns` takes at once (one accumulator each).
+const COLUMN_CHUNK: usize = 8;
+
+/// `ColumnsFn` for Q4_0, Q4_1 and Q5_0 when the CPU has VNNI and VBMI: each row's quants are
+/// gathered and unpacked once for up to `COLUMN_CHUNK` columns; column c's value is `rows`'s
+/// for it alone, bit for bit (the same per-lane operations in the same order). `false`
+/// (nothing written) when some column cannot be split.
+/// Safety: as `ColumnsFn`, and `supported()`.
+pub(super) unsafe fn columns(
+    ty: TensorType,
+    w: &[u8],
+    row_bytes: usize,
+    x: &[f32],
+    cols: usize,
+    ys: &mut [&mut [f32]],
+) -> bool {
+    COLUMN_SPLITS.with(|splits| {
+        let mut splits = splits.borrow_mut();
+        let n = ys.len();
+        if splits.len() < n {
+            splits.resize_with(n, super::SplitCache::new);
+        }
+        for (c, split) in splits[..n].iter_mut().enumerate() {
+            let xc = &x[c * cols..(c + 1) * cols];
+            if split
+                .get_or_make(ty, xc, |groups| prepare(ty, xc, groups))
+                .is_none()
+            {
+                return false;
+            }
+        }
+        let blocks = cols / 32;
+        let ahead = super::prefetch_distance();
+        let mut first = 0;
+        while first < n {
+            let chunk = (n - first).min(COLUMN_CHUNK);
+            // Past `chunk`, repeats of the last column (computed, not stored).
+            let groups: [&[Group]; COLUMN_CHUNK] =
+                std::array::from_fn(|c| splits[first + c.min(chunk - 1)].held());
+            macro_rules! by_kind {
+                ($c:literal) => {
+                    match ty {
+                        TensorType::Q4_1 => rows_q4_columns::<$c, Q4_1>,
+                        TensorType::Q5_0 => rows_q4_columns::<$c, Q5_0>,
+                        _ => rows_q4_columns::<$c, Q4_0>,
+                    }
+                };
+            }
+            let dots: unsafe fn(
+                *const u8,
+                usize,
+                &[&[Group]; COLUMN_CHUNK],
+            ) -> [f32; COLUMN_CHUNK] = match chunk {
+                1 => by_kind!(1),
+                2 => by_kind!(2),
+                3 => by_kind!(3),
+                4 => by_kind!(4),
+                5..=6 => by_kind!(6),
+                _ => by_kind!(8),
+            };
+            for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+                let from = (r * row_bytes + ahead).min(w.len());
+                let to = ((r + 1) * row_bytes + ahead).min(w.len());
+                super::prefetch(&w[from..to]);
+                let out = dots(row.as_ptr(), blocks, &groups);
+                for (c, y) in ys[first..first + chunk].iter_mut().enumerate() {
+                    y[r] = out[c];
+                }
+            }
+            first += chunk;
+        }
+        true
+    })
+}
+
 /// Drops this thread's cached split (tests: a call after this sees nothing cached).
 #[cfg(test)]
 pub(super) fn forget() {
@@ -322,9 +403,141 @@ const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
 const Q5_0: u8 = 2;
 
-/// `R` rows of Q4_0, Q4_1 or Q5_0 (`KIND`) against the split activations: per group of 4 blocks,
-/// one gather of their 64 quant bytes, whose low nibbles are elements 0..16 of each block and
-/// high nibbles 16..32 (Q5_0 adds each element's fifth bit from its block's `qh`).
+/// The constant vectors `rows_q4`'s unpacking of `KIND` uses, loaded once per call.
+#[derive(Clone, Copy)]
+struct Q4Unpack {
+    gather: __m512i,
+    scales: __m512i,
+    mins: __m512i,
+    nibble: __m512i,
+    fifth: __m512i,
+    fifth_low: __m512i,
+    fifth_high: __m512i,
+    bit_of_byte: __m512i,
+}
+
+/// One group of 4 blocks of a Q4_0, Q4_1 or Q5_0 row, unpacked: elements 0..16 of each block as
+/// u8 (`low`), 16..32 (`high`), the blocks' scales per lane (`d`), Q4_1's minimums (`m`).
+struct Q4Group {
+    low: __m512i,
+    high: __m512i,
+    d: __m512,
+    m: __m512,
+}
+
+impl Q4Unpack {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,fma,f16c")]
+    unsafe fn new<const KIND: u8>() -> Self {
+        let (gather, scales) = match KIND {
+            Q4_1 => (Q4_1_BYTES.as_ptr(), Q4_1_SCALES.as_ptr()),
+            Q5_0 => (Q5_0_BYTES.as_ptr(), Q5_0_SCALES.as_ptr()),
+            _ => (Q4_0_BYTES.as_ptr(), Q4_0_SCALES.as_ptr()),
+        };
+        Q4Unpack {
+            gather: _mm512_loadu_si512(gather as *const _),
+            scales: _mm512_loadu_si512(scales as *const _),
+            mins: _mm512_loadu_si512(Q4_1_MINS.as_ptr() as *const _),
+            nibble: _mm512_set1_epi8(0x0F),
+            fifth: _mm512_set1_epi8(0x10),
+            fifth_low: _mm512_loadu_si512(Q5_0_FIFTH_LOW.as_ptr() as *const _),
+            fifth_high: _mm512_loadu_si512(Q5_0_FIFTH_HIGH.as_ptr() as *const _),
+            bit_of_byte: _mm512_loadu_si512(BIT_OF_BYTE.as_ptr() as *const _),
+        }
+    }
+
+    /// Group `g` of the row at `row` (`left` blocks from it to the row's end): one gather of
+    /// its 64 quant bytes, whose low nibbles are elements 0..16 of each block and high nibbles
+    /// 16..32 (Q5_0 adds each element's fifth bit from its block's `qh`).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,fma,f16c")]
+    unsafe fn group<const KIND: u8>(self, row: *const u8, g: usize, left: usize) -> Q4Group {
+        let block_bytes = [18, 20, 22][KIND as usize];
+        let p = row.add(g * 4 * block_bytes);
+        // A whole group is 64 bytes and 8 (Q4_0), 16 (Q4_1) or 24 (Q5_0) more, never read
+        // past.
+        let (lo, hi) = if left >= 4 {
+            let head = _mm512_loadu_si512(p as *const _);
+            let tail = match KIND {
+                Q4_1 => _mm512_castsi128_si512(_mm_loadu_si128(p.add(64) as *const __m128i)),
+                Q5_0 => load_partial(p.add(64), 24),
+                _ => _mm512_castsi128_si512(_mm_loadl_epi64(p.add(64) as *const __m128i)),
+            };
+            (head, tail)
+        } else if block_bytes * left > 64 {
+            (
+                _mm512_loadu_si512(p as *const _),
+                load_partial(p.add(64), block_bytes * left - 64),
+            )
+        } else {
+            (load_partial(p, block_bytes * left), _mm512_setzero_si512())
+        };
+        let q = _mm512_permutex2var_epi8(lo, self.gather, hi);
+        let mut low = _mm512_and_si512(q, self.nibble);
+        let mut high = _mm512_and_si512(_mm512_srli_epi16::<4>(q), self.nibble);
+        if KIND == Q5_0 {
+            // Element i's fifth bit is bit i of its block's qh: gather for every quant byte
+            // the qh byte holding its bit, test that bit, and add 16 where it is set.
+            let low_bits = _mm512_permutex2var_epi8(lo, self.fifth_low, hi);
+            let high_bits = _mm512_permutex2var_epi8(lo, self.fifth_high, hi);
+            low = _mm512_mask_add_epi8(
+                low,
+                _mm512_test_epi8_mask(low_bits, self.bit_of_byte),
+                low,
+                self.fifth,
+            );
+            high = _mm512_mask_add_epi8(
+                high,
+                _mm512_test_epi8_mask(high_bits, self.bit_of_byte),
+                high,
+                self.fifth,
+            );
+        }
+        // Block k's scale in lanes 4k..4k+4 (Q5_0's last block's is past byte 64: in `hi`).
+        let d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(
+            lo,
+            self.scales,
+            hi,
+        )));
+        let m = match KIND {
+            Q4_1 => _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(
+                self.mins, lo,
+            ))),
+            _ => _mm512_setzero_ps(),
+        };
+        Q4Group { low, high, d, m }
+    }
+}
+
+/// `acc` plus one unpacked group's dot with one column's split group.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,fma,f16c")]
+unsafe fn accumulate_q4<const KIND: u8>(w: &Q4Group, group: &Group, acc: __m512) -> __m512 {
+    let lv = |i: usize| _mm512_load_si512(group.limbs[i].as_ptr() as *const _);
+    let offset = _mm512_load_si512(group.offset[0].as_ptr() as *const _);
+    let scale = _mm512_load_ps(group.scale.as_ptr());
+    let dot = |k: usize, init: __m512i| {
+        _mm512_dpbusd_epi32(
+            _mm512_dpbusd_epi32(init, w.low, lv(2 * k)),
+            w.high,
+            lv(2 * k + 1),
+        )
+    };
+    let zero = _mm512_setzero_si512();
+    let acc = combine(
+        [dot(0, zero), dot(1, zero), dot(2, offset)],
+        w.d,
+        scale,
+        acc,
+    );
+    if KIND == Q4_1 {
+        // + m * sum(x) per block.
+        _mm512_fmadd_ps(w.m, _mm512_load_ps(group.sums.as_ptr()), acc)
+    } else {
+        acc
+    }
+}
+
+/// `R` rows of Q4_0, Q4_1 or Q5_0 (`KIND`) against the split activations.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,fma,f16c")]
 unsafe fn rows_q4<const R: usize, const KIND: u8>(
     row: *const u8,
@@ -332,90 +545,39 @@ unsafe fn rows_q4<const R: usize, const KIND: u8>(
     blocks: usize,
     groups: &[Group],
 ) -> [f32; R] {
-    let block_bytes = [18, 20, 22][KIND as usize];
-    let (gather, scales) = match KIND {
-        Q4_1 => (Q4_1_BYTES.as_ptr(), Q4_1_SCALES.as_ptr()),
-        Q5_0 => (Q5_0_BYTES.as_ptr(), Q5_0_SCALES.as_ptr()),
-        _ => (Q4_0_BYTES.as_ptr(), Q4_0_SCALES.as_ptr()),
-    };
-    let gather = _mm512_loadu_si512(gather as *const _);
-    let scales = _mm512_loadu_si512(scales as *const _);
-    let mins = _mm512_loadu_si512(Q4_1_MINS.as_ptr() as *const _);
-    let nibble = _mm512_set1_epi8(0x0F);
-    let fifth = _mm512_set1_epi8(0x10);
-    let fifth_low = _mm512_loadu_si512(Q5_0_FIFTH_LOW.as_ptr() as *const _);
-    let fifth_high = _mm512_loadu_si512(Q5_0_FIFTH_HIGH.as_ptr() as *const _);
-    let bit_of_byte = _mm512_loadu_si512(BIT_OF_BYTE.as_ptr() as *const _);
+    let unpack = Q4Unpack::new::<KIND>();
     let mut acc = [_mm512_setzero_ps(); R];
     for (g, group) in groups.iter().enumerate() {
-        let left = blocks - 4 * g;
-        let lv = |i: usize| _mm512_load_si512(group.limbs[i].as_ptr() as *const _);
-        let limbs = [lv(0), lv(1), lv(2), lv(3), lv(4), lv(5)];
-        let offset = _mm512_load_si512(group.offset[0].as_ptr() as *const _);
-        let scale = _mm512_load_ps(group.scale.as_ptr());
-        let sums = _mm512_load_ps(group.sums.as_ptr());
         for (r, acc) in acc.iter_mut().enumerate() {
-            let p = row.add(r * row_bytes + g * 4 * block_bytes);
-            // A whole group is 64 bytes and 8 (Q4_0), 16 (Q4_1) or 24 (Q5_0) more, never
-            // read past.
-            let (lo, hi) = if left >= 4 {
-                let head = _mm512_loadu_si512(p as *const _);
-                let tail = match KIND {
-                    Q4_1 => _mm512_castsi128_si512(_mm_loadu_si128(p.add(64) as *const __m128i)),
-                    Q5_0 => load_partial(p.add(64), 24),
-                    _ => _mm512_castsi128_si512(_mm_loadl_epi64(p.add(64) as *const __m128i)),
-                };
-                (head, tail)
-            } else if block_bytes * left > 64 {
-                (
-                    _mm512_loadu_si512(p as *const _),
-                    load_partial(p.add(64), block_bytes * left - 64),
-                )
-            } else {
-                (load_partial(p, block_bytes * left), _mm512_setzero_si512())
-            };
-            let q = _mm512_permutex2var_epi8(lo, gather, hi);
-            let mut low = _mm512_and_si512(q, nibble);
-            let mut high = _mm512_and_si512(_mm512_srli_epi16::<4>(q), nibble);
-            if KIND == Q5_0 {
-                // Element i's fifth bit is bit i of its block's qh: gather for every quant byte
-                // the qh byte holding its bit, test that bit, and add 16 where it is set.
-                let low_bits = _mm512_permutex2var_epi8(lo, fifth_low, hi);
-                let high_bits = _mm512_permutex2var_epi8(lo, fifth_high, hi);
-                low = _mm512_mask_add_epi8(
-                    low,
-                    _mm512_test_epi8_mask(low_bits, bit_of_byte),
-                    low,
-                    fifth,
-                );
-                high = _mm512_mask_add_epi8(
-                    high,
-                    _mm512_test_epi8_mask(high_bits, bit_of_byte),
-                    high,
-                    fifth,
-                );
-            }
-            let dot = |k: usize, init: __m512i| {
-                _mm512_dpbusd_epi32(
-                    _mm512_dpbusd_epi32(init, low, limbs[2 * k]),
-                    high,
-                    limbs[2 * k + 1],
-                )
-            };
-            let zero = _mm512_setzero_si512();
-            // Block k's scale in lanes 4k..4k+4 (Q5_0's last block's is past byte 64: in `hi`).
-            let d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(
-                lo, scales, hi,
-            )));
-            *acc = combine([dot(0, zero), dot(1, zero), dot(2, offset)], d, scale, *acc);
-            if KIND == Q4_1 {
-                // + m * sum(x) per block.
-                let m = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(mins, lo)));
-                *acc = _mm512_fmadd_ps(m, sums, *acc);
-            }
+            let w = unpack.group::<KIND>(row.add(r * row_bytes), g, blocks - 4 * g);
+            *acc = accumulate_q4::<KIND>(&w, group, *acc);
         }
     }
     acc.map(|a| _mm512_reduce_add_ps(a))
+}
+
+/// One row of Q4_0, Q4_1 or Q5_0 (`KIND`) against the first `C` of `columns`' splits, each
+/// group unpacked once: column c's value is `rows_q4`'s for it alone.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // g indexes every column's groups
+unsafe fn rows_q4_columns<const C: usize, const KIND: u8>(
+    row: *const u8,
+    blocks: usize,
+    columns: &[&[Group]; COLUMN_CHUNK],
+) -> [f32; COLUMN_CHUNK] {
+    let unpack = Q4Unpack::new::<KIND>();
+    let mut acc = [_mm512_setzero_ps(); C];
+    for g in 0..columns[0].len() {
+        let w = unpack.group::<KIND>(row, g, blocks - 4 * g);
+        for (c, acc) in acc.iter_mut().enumerate() {
+            *acc = accumulate_q4::<KIND>(&w, &columns[c][g], *acc);
+        }
+    }
+    let mut out = [0.0; COLUMN_CHUNK];
+    for (o, a) in out.iter_mut().zip(acc) {
+        *o = _mm512_reduce_add_ps(a);
+    }
+    out
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,fma,f16c")]

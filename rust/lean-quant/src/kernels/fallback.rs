@@ -7,6 +7,7 @@ use crate::{scalar, TensorType};
 pub(super) static KERNELS: Kernels = Kernels {
     dot,
     rows,
+    columns: None,
     dequant,
     vecmat,
     gemm: Gemm {

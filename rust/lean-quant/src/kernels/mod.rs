@@ -72,6 +72,11 @@ impl<K: Copy + PartialEq, T> SplitCache<K, T> {
         Some(&self.split)
     }
 
+    /// The split last made (empty before any).
+    fn held(&self) -> &[T] {
+        &self.split
+    }
+
     /// Drops the cached split (tests: a call after this sees nothing cached).
     fn forget(&mut self) {
         self.key = None;
@@ -245,9 +250,23 @@ impl<'a> F32Matrix<'a> {
 /// for every row, with `w` holding exactly `y.len()` rows.
 type RowsFn = unsafe fn(ty: TensorType, w: &[u8], row_bytes: usize, x: &[f32], y: &mut [f32]);
 
+/// Row dots of a matrix for several activations at once (speculative decoding's verification
+/// pass): `ys[c][r] = dot(row r, x[c*cols..])`, each bit for bit what `RowsFn` gives for that
+/// column alone, the weights decoded once for all columns. Safety: as `RowsFn` for every column.
+type ColumnsFn = unsafe fn(
+    ty: TensorType,
+    w: &[u8],
+    row_bytes: usize,
+    x: &[f32],
+    cols: usize,
+    ys: &mut [&mut [f32]],
+);
+
 struct Kernels {
     dot: DotFn,
     rows: RowsFn,
+    /// A multi-column `rows`; without one, `rows` runs once per column.
+    columns: Option<ColumnsFn>,
     dequant: DequantFn,
     vecmat: VecmatFn,
     gemm: Gemm,
@@ -414,6 +433,42 @@ impl Isa {
         y: &mut [f32],
     ) {
         self.matvec_maybe_parallel(ty, w, rows, cols, x, y, false)
+    }
+
+    /// `crate::matvec_columns` on this path.
+    pub fn matvec_columns(
+        self,
+        ty: TensorType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        ys: &mut [&mut [f32]],
+    ) {
+        let kernels = self.kernels();
+        let row_bytes = check_matrix(ty, w.len(), rows, cols);
+        assert!(
+            Some(x.len()) == ys.len().checked_mul(cols) && ys.iter().all(|y| y.len() == rows),
+            "matvec_columns: x has {} (want {}x{cols}) elements, ys {:?} (want {rows} each)",
+            x.len(),
+            ys.len(),
+            ys.iter().map(|y| y.len()).collect::<Vec<_>>()
+        );
+        if cols == 0 {
+            ys.iter_mut().for_each(|y| y.fill(0.0));
+            return;
+        }
+        match kernels.columns {
+            // SAFETY: the CPU was checked; `w` holds `rows` whole rows of `cols` elements, and
+            // `x` one activation of `cols` per output.
+            Some(columns) if ys.len() > 1 => unsafe { columns(ty, w, row_bytes, x, cols, ys) },
+            _ => {
+                for (xc, y) in x.chunks_exact(cols).zip(ys.iter_mut()) {
+                    // SAFETY: as above.
+                    unsafe { (kernels.rows)(ty, w, row_bytes, xc, y) };
+                }
+            }
+        }
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -12,6 +12,7 @@ use core::arch::wasm32::*;
 pub(super) static KERNELS: Kernels = Kernels {
     dot,
     rows,
+    columns: None,
     dequant,
     vecmat: super::fallback::vecmat,
     gemm: Gemm {

@@ -416,3 +416,63 @@ fn limb_error_study() {
         }
     }
 }
+
+/// `matvec_columns` must give each column exactly `matvec_serial`'s bits for it alone:
+/// speculative decoding's verification then agrees with plain decoding on every token. Every
+/// path here; the limb kernels' types (the VNNI kernels and `dot_blocks_columns`, one- and
+/// eight-group units), a float type; 1 to 10 and 17 columns (past each kernel's column chunk);
+/// partial groups of blocks; a column the limb kernels decline (NaN), beside finite ones.
+#[test]
+fn matvec_columns_equal_single_columns_bit_for_bit() {
+    let mut state = 11;
+    let types = LIMB_TYPES
+        .iter()
+        .copied()
+        .chain([crate::TensorType::F16, crate::TensorType::F32]);
+    for ty in types {
+        for cols in [32, 96, 160, 256, 768] {
+            if cols % ty.block_len() != 0 {
+                continue;
+            }
+            for rows in [1, 5, 23] {
+                let w = match ty {
+                    crate::TensorType::F32 => floats(&mut state, rows * cols)
+                        .iter()
+                        .flat_map(|v| v.to_le_bytes())
+                        .collect(),
+                    crate::TensorType::F16 => floats(&mut state, rows * cols)
+                        .iter()
+                        .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                        .collect(),
+                    _ => quant_rows(&mut state, ty, rows, cols),
+                };
+                for n in (1..=10).chain([17]) {
+                    let mut x: Vec<f32> =
+                        (0..n).flat_map(|_| activations(&mut state, cols)).collect();
+                    if n == 3 {
+                        x[cols + 5] = f32::NAN;
+                    }
+                    for &isa in Isa::available() {
+                        let mut together = vec![vec![0f32; rows]; n];
+                        let mut ys: Vec<&mut [f32]> =
+                            together.iter_mut().map(|y| y.as_mut_slice()).collect();
+                        isa.matvec_columns(ty, &w, rows, cols, &x, &mut ys);
+                        for (c, got) in together.iter().enumerate() {
+                            let mut alone = vec![0f32; rows];
+                            let xc = &x[c * cols..(c + 1) * cols];
+                            isa.matvec_serial(ty, &w, rows, cols, xc, &mut alone);
+                            let bits =
+                                |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                            assert_eq!(
+                                bits(got),
+                                bits(&alone),
+                                "{} {ty} {rows}x{cols}, column {c} of {n}",
+                                isa.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

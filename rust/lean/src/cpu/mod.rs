@@ -1,7 +1,9 @@
 //! The CPU backend: runs the transformer with lean-quant's SIMD kernels and rayon threads.
 //!
 //! A prompt is processed as a batch (matrix-matrix products over all its tokens, in chunks of
-//! `PREFILL_CHUNK`), a generated token alone (matrix-vector products).
+//! `PREFILL_CHUNK`). A generated token, and any run of up to `decode::TEAM_TOKENS` (speculative
+//! decoding's verification passes, short chat turns), goes through the decode team's
+//! matrix-vector products instead, each token's bits exactly as if it ran alone.
 mod decode;
 pub mod ops;
 pub mod team;
@@ -303,8 +305,8 @@ impl CpuSession {
             Logits::Last if is_last_chunk => Some(n - 1),
             Logits::Last => None,
         };
-        if n == 1 {
-            return self.decode_step(model, logits_from.is_some(), |l| on_logits(0, l));
+        if n <= decode::TEAM_TOKENS {
+            return self.team_step(model, n, logits_from, on_logits);
         }
 
         for (l, (lw, layer)) in w.layers.iter().zip(&c.layers).enumerate() {
@@ -395,8 +397,16 @@ impl CpuSession {
         }
     }
 
-    /// One token (its embedding in `scratch.x`) through the model by the decode team.
-    fn decode_step(&mut self, model: &Model, want_logits: bool, on_logits: impl FnOnce(&[f32])) {
+    /// A few tokens (their embeddings in `scratch.x`) through the model by the decode team:
+    /// the bits each would get alone, in one pass that reads the weights once per member.
+    /// Logits for the tokens from `logits_from` on.
+    fn team_step(
+        &mut self,
+        model: &Model,
+        n: usize,
+        logits_from: Option<usize>,
+        mut on_logits: impl FnMut(usize, &[f32]),
+    ) {
         let c = &model.config;
         let s = &mut self.scratch;
         #[cfg(feature = "threads")]
@@ -406,21 +416,32 @@ impl CpuSession {
         if s.members.len() < members {
             s.members.resize_with(members, Default::default);
         }
+        let vocab = c.vocab_size;
         let buffers = decode::StepBuffers {
-            x: team::Shared::new(fit(&mut s.x, c.n_embd)),
-            q: team::Shared::new(fit(&mut s.q, c.q_dim())),
-            k: team::Shared::new(fit(&mut s.k, c.kv_dim())),
-            v: team::Shared::new(fit(&mut s.v, c.kv_dim())),
-            attn: team::Shared::new(fit(&mut s.attn, c.q_dim())),
-            o: team::Shared::new(fit(&mut s.o, c.n_embd)),
-            act: team::Shared::new(fit(&mut s.act, c.n_ff)),
-            logits: want_logits.then(|| team::Shared::new(fit(&mut s.last, c.vocab_size))),
+            x: team::Shared::new(fit(&mut s.x, n * c.n_embd)),
+            q: team::Shared::new(fit(&mut s.q, n * c.q_dim())),
+            k: team::Shared::new(fit(&mut s.k, n * c.kv_dim())),
+            v: team::Shared::new(fit(&mut s.v, n * c.kv_dim())),
+            attn: team::Shared::new(fit(&mut s.attn, n * c.q_dim())),
+            o: team::Shared::new(fit(&mut s.o, n * c.n_embd)),
+            act: team::Shared::new(fit(&mut s.act, n * c.n_ff)),
+            logits: logits_from.map(|first| {
+                (
+                    first,
+                    team::Shared::new(fit(&mut s.last, (n - first) * vocab)),
+                )
+            }),
         };
         let kv = self.kv.shared();
-        decode::step(model, &self.ropes, &kv, self.pos, &buffers, &s.members);
-        self.pos += 1;
-        if want_logits {
-            on_logits(&s.last[..c.vocab_size]);
+        decode::step(model, &self.ropes, &kv, self.pos, n, &buffers, &s.members);
+        self.pos += n;
+        if let Some(first) = logits_from {
+            for (r, row) in s.last[..(n - first) * vocab]
+                .chunks_exact(vocab)
+                .enumerate()
+            {
+                on_logits(first + r, row);
+            }
         }
     }
 }
@@ -630,6 +651,86 @@ fn attention(
     for (h, head) in heads_out.chunks_exact(n * hd).enumerate() {
         for (t, row) in head.chunks_exact(hd).enumerate() {
             out[t * qd + h * hd..][..hd].copy_from_slice(row);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ModelBytes;
+    use crate::synthetic::{reduced_gguf, SyntheticShape, SyntheticWeights};
+
+    /// Every row of `tokens`' logits after `prompt`, run as one pass.
+    fn pass(model: &Model, prompt: &[u32], tokens: &[u32]) -> Vec<Vec<f32>> {
+        let mut session = CpuSession::new(model, 640);
+        session
+            .forward(model, prompt, Logits::Last, |_, _| {})
+            .unwrap();
+        let mut rows = Vec::new();
+        session
+            .forward(model, tokens, Logits::All, |_, l| rows.push(l.to_vec()))
+            .unwrap();
+        assert_eq!(session.position(), prompt.len() + tokens.len());
+        rows
+    }
+
+    /// The same, one token at a time (plain decoding).
+    fn one_by_one(model: &Model, prompt: &[u32], tokens: &[u32]) -> Vec<Vec<f32>> {
+        let mut session = CpuSession::new(model, 640);
+        session
+            .forward(model, prompt, Logits::Last, |_, _| {})
+            .unwrap();
+        let mut rows = Vec::new();
+        for &t in tokens {
+            session
+                .forward(model, &[t], Logits::Last, |_, l| rows.push(l.to_vec()))
+                .unwrap();
+        }
+        rows
+    }
+
+    /// A verification pass must leave the bits plain decoding would, or speculative greedy
+    /// output could differ from plain greedy output on a near-tie. Shapes with biases (Qwen2.5),
+    /// q/k norms (Qwen3), post-norms and a sliding window (Gemma 3, crossed by the run), GQA
+    /// groups of 3 (SmolLM2-360M); runs of 2, 5 and `TEAM_TOKENS` tokens; Q4_0 and Q8_0.
+    #[test]
+    fn a_team_pass_of_several_tokens_equals_single_steps_bit_for_bit() {
+        for shape in [
+            SyntheticShape::SmolLm2_360M,
+            SyntheticShape::Qwen2_5_0_5B,
+            SyntheticShape::Qwen3_1_7B,
+            SyntheticShape::Gemma3_1B,
+        ] {
+            for weights in SyntheticWeights::ALL {
+                let bytes = reduced_gguf(shape, weights, 2, 3).unwrap();
+                let model = Model::load(ModelBytes::Owned(bytes)).unwrap();
+                let vocab = model.config.vocab_size as u32;
+                let ids = |n: usize, salt: u32| -> Vec<u32> {
+                    (0..n as u32)
+                        .map(|i| (i * 7919 + salt * 104_729) % vocab)
+                        .collect()
+                };
+                // Gemma 3's window (512): the runs cross its edge.
+                let window = model.config.layers.iter().filter_map(|l| l.window).min();
+                let prompt_len = window.map_or(37, |w| w - 3);
+                let prompt = ids(prompt_len, 1);
+                for n in [2, 5, decode::TEAM_TOKENS] {
+                    let tokens = ids(n, 2);
+                    let together = pass(&model, &prompt, &tokens);
+                    let alone = one_by_one(&model, &prompt, &tokens);
+                    assert_eq!(together.len(), n);
+                    for (t, (a, b)) in together.iter().zip(&alone).enumerate() {
+                        let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                        assert!(
+                            same,
+                            "{} {} n={n}: token {t} differs",
+                            shape.name(),
+                            weights.name()
+                        );
+                    }
+                }
+            }
         }
     }
 }

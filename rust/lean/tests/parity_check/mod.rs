@@ -223,7 +223,7 @@ pub fn check_speculative(
     let options = |n| GenerateOptions {
         max_tokens: n,
         stop_token_ids: Some(vec![]),
-        speculation: Some(Speculation::lookup(6)),
+        speculation: Some(Speculation::lookup(6).without_cost_check()),
         ..Default::default()
     };
     let mut failures = Vec::new();
@@ -241,7 +241,11 @@ pub fn check_speculative(
             .map(|(i, &id)| if i % 4 == 3 { (id + 1) % vocab } else { id })
             .collect();
         let predicted = GenerateOptions {
-            speculation: Some(Speculation::lookup(6).with_prediction(prediction)),
+            speculation: Some(
+                Speculation::lookup(6)
+                    .with_prediction(prediction)
+                    .without_cost_check(),
+            ),
             ..options(n)
         };
         let g = engine
@@ -322,7 +326,11 @@ pub fn check_speculative(
                 .collect();
             let spec_options = GenerateOptions {
                 sampling: sampling.clone(),
-                speculation: Some(Speculation::lookup(6).with_prediction(prediction)),
+                speculation: Some(
+                    Speculation::lookup(6)
+                        .with_prediction(prediction)
+                        .without_cost_check(),
+                ),
                 ..options(n)
             };
             engine.reset_cache();
@@ -425,7 +433,7 @@ pub fn check_draft_model(
         let drafted = GenerateOptions {
             max_tokens: n,
             stop_token_ids: Some(vec![]),
-            speculation: Some(Speculation::draft_model(6)),
+            speculation: Some(Speculation::draft_model(6).without_cost_check()),
             ..Default::default()
         };
         engine.reset_cache();
