@@ -255,17 +255,16 @@ impl GpuSession {
         Ok(id)
     }
 
-    /// Queues the decode pass of one token at `self.pos`: `token`, or with `None` the argmax of
-    /// the pass before (copied into the ids buffer by that pass).
-    async fn submit_decode(&mut self, token: Option<u32>) -> Result<()> {
-        // Every staging slot busy: only with passes whose ids nobody wants any more (`decode`
-        // keeps at most DECODE_AHEAD + 1 wanted passes in flight).
-        while self.decoded.pending.len() >= self.decoded.staging.len() {
-            self.read_oldest().await?;
-        }
-        // Pending passes hold the slots just before this one, in order: this one is free.
-        let slot = self.decoded.next_slot;
-        self.decoded.next_slot = (slot + 1) % self.decoded.staging.len();
+    /// Submits the decode pass at `self.pos` (its plan recorded on first use) of `token`, or of
+    /// the id already in (or copied by `before` into) the ids buffer, in one command buffer
+    /// between `before` and `after` (copies out of its results); a lost device submits nothing.
+    fn submit_decode_pass(
+        &mut self,
+        label: &str,
+        token: Option<u32>,
+        before: impl FnOnce(&mut wgpu::CommandEncoder),
+        after: impl FnOnce(&mut wgpu::CommandEncoder),
+    ) -> Result<wgpu::SubmissionIndex> {
         self.ctx.before_pass();
         if let Some(why) = self.ctx.lost_already() {
             return Err(GpuError::DeviceLost(why));
@@ -283,9 +282,8 @@ impl GpuSession {
         let mut encoder = self
             .ctx
             .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("lean decode"),
-            });
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
+        before(&mut encoder);
         let profiled = match &self.profiler {
             Some(profiler) => profiler.encode(plan, &mut encoder),
             None => {
@@ -293,12 +291,37 @@ impl GpuSession {
                 None
             }
         };
-        encoder.copy_buffer_to_buffer(&self.act.argmax, 0, &self.act.ids, 0, 4);
-        encoder.copy_buffer_to_buffer(&self.act.argmax, 0, &self.decoded.staging[slot], 0, 4);
+        after(&mut encoder);
         let submission = self.ctx.queue.submit([encoder.finish()]);
         if let (Some(profiler), Some(n)) = (self.profiler.as_mut(), profiled) {
             profiler.collect(&self.ctx, "decode", plan, n);
         }
+        Ok(submission)
+    }
+
+    /// Queues the decode pass of one token at `self.pos`: `token`, or with `None` the argmax of
+    /// the pass before (copied into the ids buffer by that pass).
+    async fn submit_decode(&mut self, token: Option<u32>) -> Result<()> {
+        // Every staging slot busy: only with passes whose ids nobody wants any more (`decode`
+        // keeps at most DECODE_AHEAD + 1 wanted passes in flight).
+        while self.decoded.pending.len() >= self.decoded.staging.len() {
+            self.read_oldest().await?;
+        }
+        // Pending passes hold the slots just before this one, in order: this one is free.
+        let slot = self.decoded.next_slot;
+        self.decoded.next_slot = (slot + 1) % self.decoded.staging.len();
+        // Handles (wgpu buffers are reference-counted): the pass borrows the session mutably.
+        let (argmax, ids) = (self.act.argmax.clone(), self.act.ids.clone());
+        let staging = self.decoded.staging[slot].clone();
+        let submission = self.submit_decode_pass(
+            "lean decode",
+            token,
+            |_| {},
+            |encoder| {
+                encoder.copy_buffer_to_buffer(&argmax, 0, &ids, 0, 4);
+                encoder.copy_buffer_to_buffer(&argmax, 0, &staging, 0, 4);
+            },
+        )?;
         let map = self.ctx.request_map(&self.decoded.staging[slot]);
         self.decoded.pending.push_back(PendingId {
             slot,
@@ -375,33 +398,13 @@ impl GpuSession {
     /// buffer) at `self.pos`, counted in `queued`. An id of NO_TOKEN embeds nothing (embed.wgsl
     /// skips ids outside its rows): that pass's output is garbage, and dropped.
     fn submit_masked_ahead(&mut self) -> Result<()> {
-        self.ctx.before_pass();
-        if let Some(why) = self.ctx.lost_already() {
-            return Err(GpuError::DeviceLost(why));
-        }
-        self.step.set(&self.ctx, self.pos)?;
-        if self.decode_plan.is_none() {
-            self.decode_plan = Some(self.record(1, Output::Last)?);
-        }
-        let plan = self.decode_plan.as_ref().expect("recorded above");
-        let mut encoder = self
-            .ctx
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("lean decode behind a masked argmax"),
-            });
-        encoder.copy_buffer_to_buffer(&self.act.argmax_masked, 0, &self.act.ids, 0, 4);
-        let profiled = match &self.profiler {
-            Some(profiler) => profiler.encode(plan, &mut encoder),
-            None => {
-                plan.encode(&mut encoder);
-                None
-            }
-        };
-        self.ctx.queue.submit([encoder.finish()]);
-        if let (Some(profiler), Some(n)) = (self.profiler.as_mut(), profiled) {
-            profiler.collect(&self.ctx, "decode", plan, n);
-        }
+        let (masked, ids) = (self.act.argmax_masked.clone(), self.act.ids.clone());
+        self.submit_decode_pass(
+            "lean decode behind a masked argmax",
+            None,
+            |encoder| encoder.copy_buffer_to_buffer(&masked, 0, &ids, 0, 4),
+            |_| {},
+        )?;
         self.ctx.take_error()?;
         self.pos += 1;
         self.queued = 1;
