@@ -69,9 +69,10 @@ unsafe fn rows(ty: TensorType, w: &[u8], row_bytes: usize, x: &[f32], y: &mut [f
     super::rows_by_dot(dot, ty, w, row_bytes, x, y)
 }
 
-/// See `ColumnsFn`: the VNNI kernels' multi-column form where `rows` takes them; for other
-/// block types `dot_blocks_columns` (each block decoded once for up to `COLUMN_CHUNK` columns);
-/// float types one `rows` per column.
+/// See `ColumnsFn`: the VNNI kernels' multi-column form where `rows` takes them (declining
+/// where they decline: each column then goes to `rows`, the VNNI kernels for the others); for
+/// the other block types `dot_blocks_columns`, each block decoded once for up to
+/// `COLUMN_CHUNK` columns; float types decline.
 unsafe fn columns(
     ty: TensorType,
     w: &[u8],
@@ -79,40 +80,30 @@ unsafe fn columns(
     x: &[f32],
     cols: usize,
     ys: &mut [&mut [f32]],
-) {
-    let limbs = matches!(ty, TensorType::Q4_0 | TensorType::Q4_1 | TensorType::Q5_0) && vnni();
-    if limbs && super::avx512_vnni::columns(ty, w, row_bytes, x, cols, ys) {
-        return;
+) -> bool {
+    if matches!(ty, TensorType::Q4_0 | TensorType::Q4_1 | TensorType::Q5_0) && vnni() {
+        return super::avx512_vnni::columns(ty, w, row_bytes, x, cols, ys);
     }
-    // A column the VNNI kernels declined: each column as `rows` takes it (the others VNNI).
-    if limbs || matches!(ty, TensorType::F32 | TensorType::F16 | TensorType::BF16) {
-        for (xc, y) in x.chunks_exact(cols).zip(ys.iter_mut()) {
-            rows(ty, w, row_bytes, xc, y);
-        }
-        return;
+    macro_rules! by_type {
+        ($c:literal) => {
+            match ty {
+                TensorType::Q4_0 => dot_blocks_columns::<Q4_0, $c>,
+                TensorType::Q4_1 => dot_blocks_columns::<Q4_1, $c>,
+                TensorType::Q5_0 => dot_blocks_columns::<Q5_0, $c>,
+                TensorType::Q5_1 => dot_blocks_columns::<Q5_1, $c>,
+                TensorType::Q8_0 => dot_blocks_columns::<Q8_0, $c>,
+                TensorType::Q2_K => dot_blocks_columns::<Q2_K, $c>,
+                TensorType::Q3_K => dot_blocks_columns::<Q3_K, $c>,
+                TensorType::Q4_K => dot_blocks_columns::<Q4_K, $c>,
+                TensorType::Q5_K => dot_blocks_columns::<Q5_K, $c>,
+                TensorType::Q6_K => dot_blocks_columns::<Q6_K, $c>,
+                TensorType::F32 | TensorType::F16 | TensorType::BF16 => return false,
+            }
+        };
     }
-    let ahead = super::prefetch_distance();
-    let mut first = 0;
-    while first < ys.len() {
+    for first in (0..ys.len()).step_by(COLUMN_CHUNK) {
         let chunk = (ys.len() - first).min(COLUMN_CHUNK);
         let xs = x[first * cols..].as_ptr();
-        macro_rules! by_type {
-            ($c:literal) => {
-                match ty {
-                    TensorType::Q4_0 => dot_blocks_columns::<Q4_0, $c>,
-                    TensorType::Q4_1 => dot_blocks_columns::<Q4_1, $c>,
-                    TensorType::Q5_0 => dot_blocks_columns::<Q5_0, $c>,
-                    TensorType::Q5_1 => dot_blocks_columns::<Q5_1, $c>,
-                    TensorType::Q8_0 => dot_blocks_columns::<Q8_0, $c>,
-                    TensorType::Q2_K => dot_blocks_columns::<Q2_K, $c>,
-                    TensorType::Q3_K => dot_blocks_columns::<Q3_K, $c>,
-                    TensorType::Q4_K => dot_blocks_columns::<Q4_K, $c>,
-                    TensorType::Q5_K => dot_blocks_columns::<Q5_K, $c>,
-                    TensorType::Q6_K => dot_blocks_columns::<Q6_K, $c>,
-                    _ => unreachable!("float types took rows above"),
-                }
-            };
-        }
         let dots: unsafe fn(*const u8, *const f32, usize) -> [f32; COLUMN_CHUNK] = match chunk {
             1 => by_type!(1),
             2 => by_type!(2),
@@ -120,16 +111,14 @@ unsafe fn columns(
             _ => by_type!(4),
         };
         for (r, row) in w.chunks_exact(row_bytes).enumerate() {
-            let from = (r * row_bytes + ahead).min(w.len());
-            let to = ((r + 1) * row_bytes + ahead).min(w.len());
-            super::prefetch(&w[from..to]);
+            super::prefetch_ahead(w, r * row_bytes..(r + 1) * row_bytes);
             let out = dots(row.as_ptr(), xs, cols);
-            for (c, y) in ys[first..first + chunk].iter_mut().enumerate() {
-                y[r] = out[c];
+            for (y, value) in ys[first..first + chunk].iter_mut().zip(out) {
+                y[r] = value;
             }
         }
-        first += chunk;
     }
+    true
 }
 
 /// Columns `dot_blocks_columns` takes at once (four accumulators each: 16 registers).
@@ -192,58 +181,17 @@ unsafe fn splat_at(p: *const f32, i: usize) -> __m512 {
 }
 
 /// Fused dot over whole units: `x.len()` must be a multiple of `32 * D::GROUPS` and `row` hold
-/// the matching units.
+/// the matching units. The one-column case of `dot_blocks_columns`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn dot_blocks<D: Decode>(row: &[u8], x: &[f32]) -> f32 {
-    let units = x.len() / (32 * D::GROUPS);
-    let (w, x) = (row.as_ptr(), x.as_ptr());
-    // Consecutive groups alternate between two accumulator sets, so that each FMA chain has
-    // time to retire while the next group decodes.
-    let mut even = [_mm512_setzero_ps(); 2];
-    let mut odd = [_mm512_setzero_ps(); 2];
-    let fma = |acc: &mut [__m512; 2], wv: [__m512; 2], xs: *const f32| {
-        acc[0] = _mm512_fmadd_ps(wv[0], _mm512_loadu_ps(xs), acc[0]);
-        acc[1] = _mm512_fmadd_ps(wv[1], _mm512_loadu_ps(xs.add(16)), acc[1]);
-    };
-    let mut buf: Scales = [0.0; 32];
-    let single = |unit: *const u8| D::group::<0>(unit, std::ptr::null());
-    if D::GROUPS == 1 {
-        let mut u = 0;
-        while u + 2 <= units {
-            fma(&mut even, single(w.add(u * D::UNIT_BYTES)), x.add(u * 32));
-            fma(
-                &mut odd,
-                single(w.add((u + 1) * D::UNIT_BYTES)),
-                x.add(u * 32 + 32),
-            );
-            u += 2;
-        }
-        if u < units {
-            fma(&mut even, single(w.add(u * D::UNIT_BYTES)), x.add(u * 32));
-        }
-    } else {
-        debug_assert_eq!(D::GROUPS, 8);
-        for u in 0..units {
-            let unit = w.add(u * D::UNIT_BYTES);
-            D::scales(unit, &mut buf);
-            let scales = std::hint::black_box(buf.as_ptr());
-            let xs = x.add(u * 256);
-            macro_rules! groups {
-                ($($g:literal => $acc:ident),*) => { $( fma(&mut $acc, D::group::<$g>(unit, scales), xs.add(32 * $g)); )* };
-            }
-            groups!(0 => even, 1 => odd, 2 => even, 3 => odd, 4 => even, 5 => odd, 6 => even, 7 => odd);
-        }
-    }
-    let sum = _mm512_add_ps(
-        _mm512_add_ps(even[0], even[1]),
-        _mm512_add_ps(odd[0], odd[1]),
-    );
-    _mm512_reduce_add_ps(sum)
+    dot_blocks_columns::<D, 1>(row.as_ptr(), x.as_ptr(), x.len())[0]
 }
 
-/// `dot_blocks` of one row against `C` activations (`cols` elements each, one after another at
-/// `x`), each block decoded once: column c's sums are `dot_blocks`'s for it alone, operation for
-/// operation. Returns `COLUMN_CHUNK` values, the first `C` of them set.
+/// Fused dot of one row (whole units: `cols` a multiple of `32 * D::GROUPS`) against `C`
+/// activations (`cols` elements each, one after another at `x`), each block decoded once:
+/// column c's sums are the same operations in the same order whatever `C` is, so `C` = 1
+/// (`dot_blocks`) gives each column's value alone bit for bit. Returns `COLUMN_CHUNK` values,
+/// the first `C` of them set.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn dot_blocks_columns<D: Decode, const C: usize>(
     w: *const u8,
@@ -251,6 +199,8 @@ unsafe fn dot_blocks_columns<D: Decode, const C: usize>(
     cols: usize,
 ) -> [f32; COLUMN_CHUNK] {
     let units = cols / (32 * D::GROUPS);
+    // Consecutive groups alternate between two accumulator sets, so that each FMA chain has
+    // time to retire while the next group decodes.
     let mut even = [[_mm512_setzero_ps(); 2]; C];
     let mut odd = [[_mm512_setzero_ps(); 2]; C];
     let fma = |acc: &mut [[__m512; 2]; C], wv: [__m512; 2], at: usize| {

@@ -95,7 +95,6 @@ pub(super) unsafe fn columns(
             }
         }
         let blocks = cols / 32;
-        let ahead = super::prefetch_distance();
         let mut first = 0;
         while first < n {
             let chunk = (n - first).min(COLUMN_CHUNK);
@@ -124,9 +123,7 @@ pub(super) unsafe fn columns(
                 _ => by_kind!(8),
             };
             for (r, row) in w.chunks_exact(row_bytes).enumerate() {
-                let from = (r * row_bytes + ahead).min(w.len());
-                let to = ((r + 1) * row_bytes + ahead).min(w.len());
-                super::prefetch(&w[from..to]);
+                super::prefetch_ahead(w, r * row_bytes..(r + 1) * row_bytes);
                 let out = dots(row.as_ptr(), blocks, &groups);
                 for (c, y) in ys[first..first + chunk].iter_mut().enumerate() {
                     y[r] = out[c];
@@ -277,16 +274,12 @@ pub(super) unsafe fn rows(
             return false;
         };
         let blocks = x.len() / 32;
-        let ahead = super::prefetch_distance();
         // Four rows per pass share each activation load (loads, not arithmetic, limit one row
         // at a time); the last rows one at a time.
         let done = y.len() / TILE * TILE;
         let mut chunks = y.chunks_exact_mut(TILE);
         for (t, out) in chunks.by_ref().enumerate() {
-            // The tile's bytes `ahead` on, before its loads wait for them.
-            let from = (t * TILE * row_bytes + ahead).min(w.len());
-            let to = ((t + 1) * TILE * row_bytes + ahead).min(w.len());
-            super::prefetch(&w[from..to]);
+            super::prefetch_ahead(w, t * TILE * row_bytes..(t + 1) * TILE * row_bytes);
             let row = w.as_ptr().add(t * TILE * row_bytes);
             let out: &mut [f32; TILE] = out.try_into().unwrap();
             *out = match ty {

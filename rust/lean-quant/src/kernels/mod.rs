@@ -252,7 +252,9 @@ type RowsFn = unsafe fn(ty: TensorType, w: &[u8], row_bytes: usize, x: &[f32], y
 
 /// Row dots of a matrix for several activations at once (speculative decoding's verification
 /// pass): `ys[c][r] = dot(row r, x[c*cols..])`, each bit for bit what `RowsFn` gives for that
-/// column alone, the weights decoded once for all columns. Safety: as `RowsFn` for every column.
+/// column alone, the weights decoded once for all columns; `false` (nothing written) where the
+/// path has no multi-column kernel for the type or its kernel declines the activations (the
+/// caller then runs `RowsFn` per column). Safety: as `RowsFn` for every column.
 type ColumnsFn = unsafe fn(
     ty: TensorType,
     w: &[u8],
@@ -260,7 +262,7 @@ type ColumnsFn = unsafe fn(
     x: &[f32],
     cols: usize,
     ys: &mut [&mut [f32]],
-);
+) -> bool;
 
 struct Kernels {
     dot: DotFn,
@@ -458,15 +460,16 @@ impl Isa {
             ys.iter_mut().for_each(|y| y.fill(0.0));
             return;
         }
-        match kernels.columns {
-            // SAFETY: the CPU was checked; `w` holds `rows` whole rows of `cols` elements, and
-            // `x` one activation of `cols` per output.
-            Some(columns) if ys.len() > 1 => unsafe { columns(ty, w, row_bytes, x, cols, ys) },
-            _ => {
-                for (xc, y) in x.chunks_exact(cols).zip(ys.iter_mut()) {
-                    // SAFETY: as above.
-                    unsafe { (kernels.rows)(ty, w, row_bytes, xc, y) };
-                }
+        // SAFETY: the CPU was checked; `w` holds `rows` whole rows of `cols` elements, and `x`
+        // one activation of `cols` per output.
+        let done = ys.len() > 1
+            && kernels
+                .columns
+                .is_some_and(|columns| unsafe { columns(ty, w, row_bytes, x, cols, ys) });
+        if !done {
+            for (xc, y) in x.chunks_exact(cols).zip(ys.iter_mut()) {
+                // SAFETY: as above.
+                unsafe { (kernels.rows)(ty, w, row_bytes, xc, y) };
             }
         }
     }
@@ -806,14 +809,20 @@ unsafe fn rows_by_dot(
     x: &[f32],
     y: &mut [f32],
 ) {
-    let ahead = prefetch_distance();
     for (r, (y, row)) in y.iter_mut().zip(w.chunks_exact(row_bytes)).enumerate() {
-        // The bytes `ahead` past this row's, as far as the matrix goes.
-        let from = (r * row_bytes + ahead).min(w.len());
-        let to = ((r + 1) * row_bytes + ahead).min(w.len());
-        prefetch(&w[from..to]);
+        prefetch_ahead(w, r * row_bytes..(r + 1) * row_bytes);
         *y = dot(ty, row, x);
     }
+}
+
+/// Asks for the bytes `prefetch_distance()` past `about_to_read` (a range of `w` a kernel is
+/// about to read), as far as `w` goes: the next rows arrive while these are computed.
+#[inline(always)]
+pub(crate) fn prefetch_ahead(w: &[u8], about_to_read: Range<usize>) {
+    let ahead = prefetch_distance();
+    let from = (about_to_read.start + ahead).min(w.len());
+    let to = (about_to_read.end + ahead).min(w.len());
+    prefetch(&w[from..to]);
 }
 
 /// How far ahead of the bytes a matvec reads it asks for the next ones (`prefetch`). A decode
