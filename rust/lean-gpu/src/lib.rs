@@ -18,7 +18,7 @@ pub use error::{GpuError, Result};
 pub use kernels::{
     argmax_len, argmax_masked_len, fresh_rope_supported, mask_words, matvec_supports, rope_cos_sin,
     Activation, AttentionShape, FreshTokens, Kernels, MatmulExtras, MatvecExtras, Rope,
-    RopePairing, RowField, StepBuffer, MAX_HEAD_DIM, NO_TOKEN,
+    RopePairing, RowField, StepBuffer, MATVEC_MAX_TOKENS, MAX_HEAD_DIM, NO_TOKEN,
 };
 pub use plan::Plan;
 pub use session::{to_lean as session_error, GpuModel, GpuSession};

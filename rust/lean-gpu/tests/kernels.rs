@@ -11,7 +11,7 @@ use lean_gpu::wgpu;
 use lean_gpu::{
     argmax_len, argmax_masked_len, fresh_rope_supported, mask_words, rope_cos_sin, Activation,
     AttentionShape, FreshTokens, GpuContext, GpuError, GpuMatrix, Kernels, MatmulExtras,
-    MatvecExtras, Plan, Rope, RopePairing, RowField, StepBuffer, NO_TOKEN,
+    MatvecExtras, Plan, Rope, RopePairing, RowField, StepBuffer, MATVEC_MAX_TOKENS, NO_TOKEN,
 };
 use lean_quant::{scalar, TensorType};
 use std::sync::OnceLock;
@@ -2230,4 +2230,188 @@ fn attention_rejects_bad_window_and_scale() {
     kernels
         .attention(ctx, &mut plan, &step, (&b, whole), &b, &b, &b, &b, ok, None)
         .expect("a window of 2");
+}
+
+/// A matvec of several tokens (a verification pass's) gives each token the bits of its own
+/// one-token matvec, with every fusion (norm + bias + residual add into a field of wider rows,
+/// SwiGLU pairs, act(gate) · up from [gate | up] rows), split parts, both reductions, one-block
+/// and long rows, and 2, 3 and MATVEC_MAX_TOKENS tokens; too many tokens and bad row widths are
+/// refused.
+#[test]
+fn matvec_of_several_tokens_equals_each_tokens_own_bit_for_bit() {
+    let Some((ctx, default)) = gpu() else { return };
+    let mut rng = Rng(211);
+    let mut variants = vec![default];
+    variants.extend(subgroup_kernels());
+    for kernels in variants {
+        for (ty, rows, cols, part_rows, n) in [
+            (TensorType::Q4_0, 46, 96, 20, 3),
+            (TensorType::Q8_0, 300, 2048, 300, MATVEC_MAX_TOKENS),
+            (TensorType::Q6_K, 34, 512, 34, 2),
+            (TensorType::Q4_K, 8, 4096, 4, 5),
+            (TensorType::Q4_1, 6, 32, 6, 3),
+            (TensorType::Q5_0, 10, 160, 10, 2),
+            (TensorType::F32, 8, 1000, 3, 3),
+            // few rows of long ones: the largest workgroups
+            (TensorType::Q4_0, 4, 11008, 4, 4),
+        ] {
+            let w = random_matrix(&mut rng, ty, rows, cols);
+            let part = (ty.row_bytes(cols).unwrap() * part_rows) as u64 + 16;
+            let m = GpuMatrix::upload_split(ctx, ty, rows, cols, &w, part).unwrap();
+            let padded = cols.next_multiple_of(32);
+            let mut norm = rng.floats(padded, 1.5);
+            norm[cols..].fill(0.0);
+            let norm = ctx.upload_f32("norm", &norm);
+            // Token rows wider than the matrix's columns: [gate | gap | up] for act · up.
+            let up_at = (cols + 4).next_multiple_of(4);
+            let x_width = up_at + padded;
+            let mut x = rng.floats(n * x_width, 2.0);
+            for t in 0..n {
+                x[t * x_width + up_at + cols..(t + 1) * x_width].fill(0.0);
+            }
+            let xb = ctx.upload_f32("x", &x);
+            let token_x: Vec<_> = (0..n)
+                .map(|t| ctx.upload_f32("x of a token", &x[t * x_width..(t + 1) * x_width]))
+                .collect();
+            // y: a field at offset 3 of rows 5 wider than the matrix's (with a bias as wide).
+            let y_at = RowField {
+                width: rows + 5,
+                offset: 3,
+            };
+            let bias = ctx.upload_f32("bias", &rng.floats(rows + 5, 1.0));
+            let residual = rng.floats(n * (rows + 5), 1.0);
+            let pairs = rows / 2;
+            let fusions: [(&str, MatvecExtras, RowField); 4] = [
+                ("plain", MatvecExtras::default(), RowField::whole(rows)),
+                (
+                    "norm+bias+add",
+                    MatvecExtras {
+                        norm: Some((&norm, 1e-6)),
+                        bias: Some(&bias),
+                        accumulate: true,
+                        ..Default::default()
+                    },
+                    y_at,
+                ),
+                (
+                    "norm+swiglu",
+                    MatvecExtras {
+                        norm: Some((&norm, 1e-5)),
+                        swiglu: true,
+                        activation: Activation::GeluTanh,
+                        ..Default::default()
+                    },
+                    RowField::whole(pairs),
+                ),
+                (
+                    "act·up",
+                    MatvecExtras {
+                        silu_up: Some((&xb, up_at)),
+                        ..Default::default()
+                    },
+                    RowField::whole(rows),
+                ),
+            ];
+            for (what, extras, field) in fusions {
+                let y_len = n * field.width;
+                let together = ctx.upload_f32("together", &residual[..y_len]);
+                // The one-token matvecs write their token's row: y viewed from that row on.
+                let alone_rows: Vec<_> = (0..n)
+                    .map(|t| {
+                        let row = &residual[t * field.width..(t + 1) * field.width];
+                        ctx.upload_f32("a token's y", row)
+                    })
+                    .collect();
+                submit(ctx, |p| {
+                    let many = MatvecExtras {
+                        tokens: n,
+                        x_width,
+                        ..extras
+                    };
+                    kernels.matvec_with(ctx, p, &m, &xb, (&together, field), many)?;
+                    for t in 0..n {
+                        let one = MatvecExtras {
+                            silu_up: extras.silu_up.map(|_| (&token_x[t], up_at)),
+                            ..extras
+                        };
+                        kernels.matvec_with(
+                            ctx,
+                            p,
+                            &m,
+                            &token_x[t],
+                            (&alone_rows[t], field),
+                            one,
+                        )?;
+                    }
+                    Ok(())
+                });
+                let got = read_f32(ctx, &together, y_len);
+                for t in 0..n {
+                    let want = read_f32(ctx, &alone_rows[t], field.width);
+                    let row = &got[t * field.width..(t + 1) * field.width];
+                    let same = row
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "{ty} {rows}x{cols} {what}, {n} tokens: token {t} differs from its own matvec"
+                    );
+                }
+            }
+        }
+    }
+    // Refused, not recorded: more tokens than a dispatch takes, x rows closer than a row or
+    // not 16-byte aligned, x or y too short for the tokens.
+    let kernels = default;
+    let w = random_matrix(&mut rng, TensorType::Q4_0, 4, 64);
+    let m = GpuMatrix::upload(ctx, TensorType::Q4_0, 4, 64, &w).unwrap();
+    let (x, y) = (ctx.storage_f32("x", 3 * 64), ctx.storage_f32("y", 3 * 4));
+    for (tokens, x_width, y_field) in [
+        (MATVEC_MAX_TOKENS + 1, 64, RowField::whole(4)),
+        (2, 32, RowField::whole(4)),
+        (2, 66, RowField::whole(4)),
+        (4, 64, RowField::whole(4)),
+        (3, 64, RowField::whole(5)),
+    ] {
+        let extras = MatvecExtras {
+            tokens,
+            x_width,
+            ..Default::default()
+        };
+        let refused = kernels.matvec_with(ctx, &mut Plan::new(), &m, &x, (&y, y_field), extras);
+        assert!(
+            matches!(refused, Err(GpuError::Shape(_))),
+            "{tokens} tokens, x rows {x_width} apart, y {y_field:?}: {refused:?}"
+        );
+    }
+}
+
+/// The argmax of several rows (a verification pass's logits) equals each row's own, ties
+/// included, each at its row's place in the result.
+#[test]
+fn argmax_of_rows_equals_each_rows_own() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let mut rng = Rng(223);
+    for (n, rows) in [(49_152, 5), (1000, 3), (151_936, 2), (7, 16)] {
+        let mut values = rng.floats(n * rows, 30.0);
+        // a tie in row 1: the lower index wins
+        if rows > 1 && n > 600 {
+            values[n + 17] = 99.0;
+            values[n + 600] = 99.0;
+        }
+        let vb = ctx.upload_f32("values", &values);
+        let len = argmax_len(n);
+        let result = ctx.storage_f32("argmax", rows * len);
+        submit(ctx, |e| kernels.argmax_rows(ctx, e, &vb, &result, n, rows));
+        let got = read_u32(ctx, &result, rows * len);
+        for r in 0..rows {
+            let row = &values[r * n..(r + 1) * n];
+            let want = lean::sampling::argmax(row);
+            assert_eq!(got[r * len], want, "row {r} of {rows} × {n}");
+        }
+        if rows > 1 && n > 600 {
+            assert_eq!(got[len], 17);
+        }
+    }
 }

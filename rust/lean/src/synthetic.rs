@@ -270,9 +270,9 @@ pub fn synthetic_gguf(
 }
 
 /// `synthetic_gguf` with only the first `n_layers` layers: every layer of a shape is alike, so
-/// tests of the forward pass's arithmetic need few (the full files reach 3.3 GB).
-#[cfg(test)]
-pub(crate) fn reduced_gguf(
+/// tests of the forward pass's arithmetic (here and in the backends' crates) need few (the full
+/// files reach 3.3 GB).
+pub fn reduced_gguf(
     shape: SyntheticShape,
     weights: SyntheticWeights,
     n_layers: usize,

@@ -23,7 +23,8 @@ pub fn argmax_len(n: usize) -> usize {
 struct CountParams {
     n: u32,
     extra: u32,
-    pad: [u32; 2],
+    rows: u32,
+    pad: u32,
 }
 
 /// argmax.wgsl's two passes: the first maximum per span, then of the spans.
@@ -60,19 +61,36 @@ impl Kernels {
         result: &wgpu::Buffer,
         n: usize,
     ) -> Result<()> {
-        if n == 0 {
-            return Err(GpuError::Shape("argmax of no values".into()));
+        self.argmax_rows(ctx, plan, values, result, n, 1)
+    }
+
+    /// The argmax of each of `rows` rows of n values (row r from value r × n): row r's index
+    /// at result[r × argmax_len(n)]; `result` holds rows × `argmax_len(n)` u32.
+    pub fn argmax_rows(
+        &self,
+        ctx: &GpuContext,
+        plan: &mut Plan,
+        values: &wgpu::Buffer,
+        result: &wgpu::Buffer,
+        n: usize,
+        rows: usize,
+    ) -> Result<()> {
+        if n == 0 || rows == 0 {
+            return Err(GpuError::Shape(format!(
+                "argmax of {rows} rows of {n} values"
+            )));
         }
-        check_len("argmax values", values, n)?;
-        check_len("argmax result", result, argmax_len(n))?;
+        check_len("argmax values", values, rows * n)?;
+        check_len("argmax result", result, rows * argmax_len(n))?;
         let spans = n.div_ceil(ARGMAX_SPAN);
         let params = CountParams {
             n: u32_arg("n", n)?,
             extra: u32_arg("spans", spans)?,
-            pad: [0; 2],
+            rows: u32_arg("rows", rows)?,
+            pad: 0,
         };
         let name = "argmax spans".into();
-        let groups = u32_arg("argmax spans", spans)?;
+        let groups = u32_arg("argmax spans", rows * spans)?;
         Self::dispatch(
             ctx,
             plan,
@@ -89,7 +107,7 @@ impl Kernels {
             &self.argmax.last,
             &params,
             &[result],
-            1,
+            u32_arg("argmax rows", rows)?,
         )
     }
 }

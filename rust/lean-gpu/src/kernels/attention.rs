@@ -145,15 +145,34 @@ impl AttentionShape {
         self.visible().div_ceil(ATTENTION_CHUNK).clamp(1, most)
     }
 
+    /// Splits per token of `attention_per_token`: a decoded token's (so each token's sums are
+    /// its decode step's).
+    fn splits_per_token(&self) -> usize {
+        AttentionShape {
+            n_tokens: 1,
+            ..*self
+        }
+        .splits()
+    }
+
     /// f32 elements of the partials scratch buffer `attention` needs: per (token, head,
     /// split) head_dim outputs, then per (token, head, split) a vec4 (max, sum, 0, 0).
     pub fn partials_len(&self) -> usize {
-        self.n_tokens * self.n_heads * self.splits() * (self.head_dim + 4)
+        self.partials_len_with(self.splits())
     }
 
-    /// Where the splits' (max, sum) start in the partials, in vec4s.
-    fn stats_offset(&self) -> usize {
-        self.n_tokens * self.n_heads * self.splits() * self.head_dim / 4
+    /// f32 elements of the partials scratch buffer `attention_per_token` needs.
+    pub fn partials_len_per_token(&self) -> usize {
+        self.partials_len_with(self.splits_per_token())
+    }
+
+    fn partials_len_with(&self, splits: usize) -> usize {
+        self.n_tokens * self.n_heads * splits * (self.head_dim + 4)
+    }
+
+    /// Where the splits' (max, sum) start in the partials, in vec4s, for `splits` a token.
+    fn stats_offset(&self, splits: usize) -> usize {
+        self.n_tokens * self.n_heads * splits * self.head_dim / 4
     }
 }
 
@@ -309,13 +328,51 @@ impl Kernels {
         ctx: &GpuContext,
         plan: &mut Plan,
         step: &StepBuffer,
-        (q, q_at): (&wgpu::Buffer, RowField),
+        q: (&wgpu::Buffer, RowField),
         keys: &wgpu::Buffer,
         values: &wgpu::Buffer,
         partials: &wgpu::Buffer,
         out: &wgpu::Buffer,
         s: AttentionShape,
         fresh: Option<FreshTokens>,
+    ) -> Result<()> {
+        let buffers = (keys, values, partials, out);
+        self.attention_of(ctx, plan, step, q, buffers, s, fresh, true)
+    }
+
+    /// As `attention`, every token through decode's split-K kernels (never the tiled prefill
+    /// one) split as a decoded token is: a few tokens of a verification pass, each attending
+    /// as its decode step would, bit for bit (the queries rotated and the keys cached by
+    /// rope_kv_store, with the fresh path's expressions). `partials` holds
+    /// `s.partials_len_per_token()` f32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_per_token(
+        &self,
+        ctx: &GpuContext,
+        plan: &mut Plan,
+        step: &StepBuffer,
+        q: (&wgpu::Buffer, RowField),
+        keys: &wgpu::Buffer,
+        values: &wgpu::Buffer,
+        partials: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+        s: AttentionShape,
+    ) -> Result<()> {
+        let buffers = (keys, values, partials, out);
+        self.attention_of(ctx, plan, step, q, buffers, s, None, false)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention_of(
+        &self,
+        ctx: &GpuContext,
+        plan: &mut Plan,
+        step: &StepBuffer,
+        (q, q_at): (&wgpu::Buffer, RowField),
+        (keys, values, partials, out): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
+        s: AttentionShape,
+        fresh: Option<FreshTokens>,
+        tiled: bool,
     ) -> Result<()> {
         if s.n_kv_heads == 0
             || s.n_heads == 0
@@ -356,7 +413,16 @@ impl Kernels {
         check_len("attention keys", keys, cache_end)?;
         check_len("attention values", values, cache_end)?;
         check_len("attention out", out, s.n_tokens * s.n_heads * s.head_dim)?;
-        check_len("attention partials", partials, s.partials_len())?;
+        // A decoded token's splits for each token of a pass per token.
+        let n_splits = match tiled {
+            true => s.splits(),
+            false => s.splits_per_token(),
+        };
+        check_len(
+            "attention partials",
+            partials,
+            s.partials_len_with(n_splits),
+        )?;
         let kv_dim = s.n_kv_heads * s.head_dim;
         if let Some(f) = &fresh {
             if !fresh_rope_supported(&f.rope, s.head_dim)
@@ -395,7 +461,7 @@ impl Kernels {
             .prefill
             .iter()
             .find(|(most, _)| s.head_dim <= *most);
-        if let (None, true, Some((_, pipeline))) = (&fresh, s.n_tokens > 1, prefill) {
+        if let (None, true, true, Some((_, pipeline))) = (&fresh, tiled, s.n_tokens > 1, prefill) {
             let query_blocks = s.n_tokens.div_ceil(PREFILL_ATTENTION_TOKENS);
             let params = PrefillAttentionParams {
                 n_heads: u32_arg("heads", s.n_heads)?,
@@ -421,7 +487,6 @@ impl Kernels {
                 groups,
             );
         }
-        let n_splits = s.splits();
         let params = AttentionParams {
             n_heads: u32_arg("heads", s.n_heads)?,
             n_kv_heads: u32_arg("kv heads", s.n_kv_heads)?,
@@ -431,7 +496,7 @@ impl Kernels {
             cache_offset: u32_arg("cache offset", s.cache_offset)?,
             scale: s.scale,
             n_splits: u32_arg("splits", n_splits)?,
-            stats_offset: u32_arg("stats offset", s.stats_offset())?,
+            stats_offset: u32_arg("stats offset", s.stats_offset(n_splits))?,
             q: q_at.params()?,
             fresh: fresh.is_some() as u32,
             rope_dim: u32_arg("rope_dim", fresh.map_or(0, |f| f.rope.rope_dim))?,

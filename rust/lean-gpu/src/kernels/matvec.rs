@@ -24,6 +24,11 @@ const MATVEC_ROWS_PER_THREAD: usize = 4;
 // types' quads do.
 const _: () = assert!(MATVEC_ROWS_PER_THREAD.is_multiple_of(ROW_QUAD) && ROW_QUAD == 4);
 
+/// Most tokens one matvec dispatch takes (`MatvecExtras::tokens`): the verification passes of
+/// speculative decoding (a last token and up to 15 guesses). Each count is a shader module of
+/// its own (COLUMNS sizes the threads' sums), made on first use.
+pub const MATVEC_MAX_TOKENS: usize = 16;
+
 /// Whether `matvec` and `matmul` support weights of type `ty`.
 pub fn matvec_supports(ty: TensorType) -> bool {
     BLOCK_TYPES.iter().any(|(t, _)| *t == ty)
@@ -92,7 +97,9 @@ struct MatvecParams {
     bias: u32,
     eps: f32,
     up_offset: u32,
-    pad: [u32; 5],
+    x_stride: u32,
+    y_stride: u32,
+    pad: [u32; 3],
 }
 
 /// What a matvec fuses in besides y = W·x (`Kernels::matvec_with`).
@@ -114,10 +121,17 @@ pub struct MatvecExtras<'a> {
     pub accumulate: bool,
     /// The activation of `silu_up` and `swiglu` (default SiLU).
     pub activation: Activation,
+    /// Tokens (0 counts as 1, at most MATVEC_MAX_TOKENS): x, up and y hold a row per token,
+    /// `x_width` f32 apart for x and up, the field's width for y, and each token's rows get
+    /// the bits a matvec of that token alone would give them (the weights are read once).
+    pub tokens: usize,
+    /// f32 from one token's row of x (and of up) to the next's, a multiple of 4 (tokens > 1).
+    pub x_width: usize,
 }
 
-/// The matvec shader of each type; its pipelines, one per workgroup size and fusion (override
-/// constants), are created on first use: of the dozens per type a model uses a few.
+/// The matvec shader of each type, for one token or for a number of them (COLUMNS); its
+/// pipelines, one per workgroup size and fusion (override constants), are created on first
+/// use: of the dozens per type a model uses a few.
 pub(super) struct MatvecShaders {
     /// Keyed by (index in MATVEC_WORKGROUP_SIZES, fusions: NORM, SILU, SWIGLU, GELU bits).
     shaders: TypedShaders<(usize, u8)>,
@@ -128,7 +142,7 @@ pub(super) struct MatvecShaders {
 impl MatvecShaders {
     /// The shaders of every type, reducing with subgroup operations or in workgroup memory,
     /// with workgroups of at most what the reduction and the device allow.
-    pub(super) fn new(ctx: &GpuContext, subgroups: bool) -> Self {
+    pub(super) fn new(ctx: &GpuContext, subgroups: bool, tokens: usize) -> Self {
         let largest = Self::largest(subgroups)
             .min(ctx.limits().max_compute_invocations_per_workgroup as usize);
         // WebGPU guarantees 256 invocations, so at least the smallest size fits.
@@ -140,7 +154,7 @@ impl MatvecShaders {
         let modules = BLOCK_TYPES
             .iter()
             .map(|&(ty, block)| {
-                let (label, source) = Self::source(ty, block, subgroups);
+                let (label, source) = Self::source(ty, block, subgroups, tokens);
                 // SAFETY: every index is in range and every loop ends (see matvec_module).
                 (ty, unsafe { matvec_module(ctx, &label, &source) })
             })
@@ -159,10 +173,17 @@ impl MatvecShaders {
         }
     }
 
-    /// The label and source of the matvec shader of `ty` (block decoder `block`).
-    pub(super) fn source(ty: TensorType, block: &str, subgroups: bool) -> (String, String) {
+    /// The label and source of the matvec shader of `ty` (block decoder `block`) for `tokens`
+    /// tokens a dispatch.
+    pub(super) fn source(
+        ty: TensorType,
+        block: &str,
+        subgroups: bool,
+        tokens: usize,
+    ) -> (String, String) {
         let consts = Consts::new()
             .u32("ROWS_PER_THREAD", MATVEC_ROWS_PER_THREAD)
+            .u32("COLUMNS", tokens)
             .u32("TREE_SLOTS", MATVEC_TREE_MAX_WORKGROUP)
             .u32("SUBGROUP_SLOTS", MATVEC_SUBGROUP_SLOTS);
         // quad_dot: the row-quad types' snippets define it, the others get it per row.
@@ -177,7 +198,12 @@ impl MatvecShaders {
         };
         let parts = [BYTES, UNITS, ACTIVATION, block, quad_dot, MATVEC, reduction];
         let source = wgsl::assemble(directives, &consts, &parts);
-        (format!("{name}_{ty}"), source)
+        let suffix = if tokens > 1 {
+            format!("_x{tokens}")
+        } else {
+            String::new()
+        };
+        (format!("{name}_{ty}{suffix}"), source)
     }
 
     /// The override constants of the pipeline with workgroup size
@@ -220,20 +246,24 @@ impl MatvecShaders {
 ///   sizes and where each element lands), and GGUF-layout parts hold whole rows of whole
 ///   blocks, padded to 16 bytes, which covers load_u32's second word at a block's end;
 /// - x: slices cover `cols` elements (block types: whole units, read as vec4 below cols / 4;
-///   F32 reads clamp to cols - 1), and `x` holds at least `cols` f32 (checked);
-/// - y: stores go to `first_row + r` for part rows r (first_row: the field's offset plus the
-///   part's first row), below the field's offset + `rows()`, which `y` holds (checked), and a
+///   F32 reads clamp to cols - 1) from token c's row at c × x_stride (c < COLUMNS, x_stride a
+///   multiple of 4), and `x` holds at least (COLUMNS - 1) × x_stride + `cols` f32 (checked);
+/// - y: stores go to c × y_stride + `first_row + r` for part rows r (first_row: the field's
+///   offset plus the part's first row; y_stride the field's row width), below the field's
+///   offset + `rows()` in token c's row, which `y` holds for every token (checked), and a
 ///   bias is read at the same index only when bound (checked to hold as many; x stands in
 ///   otherwise and is never read as one);
 /// - a norm's weights are read as vec4 2s and 2s + 1 for slices s below `row_slices()`, so
 ///   below 8 × slices f32, which the bound buffer holds (checked; the weight part stands in
-///   when there is no norm, and is never read as one); up likewise from up_offset (checked);
+///   when there is no norm, and is never read as one); up likewise from up_offset plus
+///   c × x_stride / 4 vec4s (checked);
 /// - the tree reduction's arrays (TREE_SLOTS = MATVEC_TREE_MAX_WORKGROUP entries) are indexed
 ///   below WORKGROUP, at most that for this reduction; the subgroup reduction's
 ///   (SUBGROUP_SLOTS = MATVEC_SUBGROUP_SLOTS) by subgroup, below num_subgroups: a subgroup has
 ///   at least wgpu's MINIMUM_SUBGROUP_MIN_SIZE invocations, and the const assert above makes
 ///   the slots enough for the largest WORKGROUP;
-/// - a Partial's quads are indexed below QUADS = ROWS_PER_THREAD / 4 (loops over k < QUADS,
+/// - a thread's Partials are indexed below COLUMNS (loops over c < COLUMNS), a Partial's
+///   quads below QUADS = ROWS_PER_THREAD / 4 (loops over k < QUADS,
 ///   rows i < ROWS_PER_THREAD at i / 4, pairs k < ROWS_PER_THREAD / 2 at k / 2);
 /// - every loop steps by at least 1 toward a fixed bound, and the only divisions are by
 ///   constants.
@@ -250,6 +280,16 @@ unsafe fn matvec_module(ctx: &GpuContext, label: &str, source: &str) -> wgpu::Sh
 }
 
 impl Kernels {
+    /// The matvec shaders for `tokens` tokens a dispatch, reducing as `with_subgroup_matvec`
+    /// asked: the one-token ones made with the kernels, the others on first use.
+    fn matvec_shaders(&self, ctx: &GpuContext, tokens: usize) -> &MatvecShaders {
+        let subgroups = self.matvec_subgroup.is_some();
+        if tokens <= 1 {
+            return self.matvec_subgroup.as_ref().unwrap_or(&self.matvec);
+        }
+        self.matvec_tokens[tokens - 2].get_or_init(|| MatvecShaders::new(ctx, subgroups, tokens))
+    }
+
     /// y = W·x for a weight matrix on the device (`x`: cols f32, `y`: rows f32); one dispatch
     /// per part of a split matrix.
     pub fn matvec(
@@ -314,7 +354,19 @@ impl Kernels {
         (y, at): (&wgpu::Buffer, RowField),
         extras: MatvecExtras,
     ) -> Result<()> {
-        check_len("matvec x", x, m.cols())?;
+        let tokens = extras.tokens.max(1);
+        if tokens > MATVEC_MAX_TOKENS
+            || (tokens > 1 && (!extras.x_width.is_multiple_of(4) || extras.x_width < m.cols()))
+        {
+            return Err(GpuError::Shape(format!(
+                "matvec of {tokens} tokens (at most {MATVEC_MAX_TOKENS}) with x rows {} f32 apart (a multiple of 4, at least the {} columns)",
+                extras.x_width,
+                m.cols()
+            )));
+        }
+        // f32 from one token's x (and up) to the next's
+        let x_stride = if tokens > 1 { extras.x_width } else { 0 };
+        check_len("matvec x", x, (tokens - 1) * x_stride + m.cols())?;
         if extras.swiglu {
             let odd = m.rows() % 2 == 1 || m.parts().iter().any(|p| p.first_row % 2 == 1);
             if odd || extras.bias.is_some() || extras.accumulate || extras.silu_up.is_some() {
@@ -329,10 +381,9 @@ impl Kernels {
         } else {
             m.rows()
         };
-        let y_end = at.end("matvec y", 1, y_rows)?;
-        check_len("matvec y", y, y_end)?;
+        check_len("matvec y", y, at.end("matvec y", tokens, y_rows)?)?;
         if let Some(b) = extras.bias {
-            check_len("matvec bias", b, y_end)?;
+            check_len("matvec bias", b, at.end("matvec bias", 1, y_rows)?)?;
         }
         if let Some((weight, _)) = extras.norm {
             // read a slice (8 elements) at a time
@@ -344,11 +395,15 @@ impl Kernels {
                     "matvec: up starts at element {offset}, not a multiple of 4"
                 )));
             }
-            check_len("matvec up", up, offset + m.slices() * 8)?;
+            check_len(
+                "matvec up",
+                up,
+                offset + (tokens - 1) * x_stride + m.slices() * 8,
+            )?;
         }
         // Workgroups of the first part, the largest: parts are dispatched one after another.
         let workgroups = m.parts()[0].rows.div_ceil(MATVEC_ROWS_PER_THREAD);
-        let shaders = self.matvec_subgroup.as_ref().unwrap_or(&self.matvec);
+        let shaders = self.matvec_shaders(ctx, tokens);
         let size = matvec_size_index(m.slices(), workgroups, shaders.sizes);
         let gated = extras.silu_up.is_some() || extras.swiglu;
         let bit = |on: bool, b: u8| if on { b } else { 0 };
@@ -367,14 +422,21 @@ impl Kernels {
                 bias: extras.bias.is_some() as u32,
                 eps: extras.norm.map_or(0.0, |(_, eps)| eps),
                 up_offset: u32_arg("up offset", extras.silu_up.map_or(0, |(_, o)| o / 4))?,
-                pad: [0; 5],
+                x_stride: u32_arg("x stride", x_stride)?,
+                y_stride: u32_arg("y stride", if tokens > 1 { at.width } else { 0 })?,
+                pad: [0; 3],
             };
             let groups = u32_arg(
                 "matvec workgroups",
                 part.rows.div_ceil(MATVEC_ROWS_PER_THREAD),
             )?;
             let name = format!(
-                "matvec{}{}{} {} {}x{}",
+                "matvec{}{}{}{} {} {}x{}",
+                if tokens > 1 {
+                    format!("[{tokens}]")
+                } else {
+                    String::new()
+                },
                 if extras.norm.is_some() { "+norm" } else { "" },
                 if extras.silu_up.is_some() {
                     "+silu"
@@ -409,8 +471,11 @@ pub(super) fn variants() -> Vec<wgsl::Variant> {
             .iter()
             .filter(|&&n| n <= MatvecShaders::largest(subgroups))
             .count();
-        for &(ty, block) in &BLOCK_TYPES {
-            let (label, source) = MatvecShaders::source(ty, block, subgroups);
+        for (&(ty, block), tokens) in BLOCK_TYPES
+            .iter()
+            .flat_map(|b| [(b, 1), (b, 3), (b, MATVEC_MAX_TOKENS)])
+        {
+            let (label, source) = MatvecShaders::source(ty, block, subgroups, tokens);
             let mut v = wgsl::Variant::main::<MatvecParams>(label, source);
             v.pipelines = (0..sizes)
                 .flat_map(|size| {

@@ -5,7 +5,7 @@
 use super::{to_lean, GpuSession, Output, LOGITS_CHUNK};
 use crate::context::{GpuContext, MapRequest};
 use crate::error::{GpuError, Result};
-use crate::kernels::{mask_words, NO_TOKEN};
+use crate::kernels::{argmax_len, mask_words, MATVEC_MAX_TOKENS, NO_TOKEN};
 use crate::plan::Plan;
 use crate::profile::Profiler;
 use lean::{LeanError, TokenMask};
@@ -71,6 +71,16 @@ impl DecodedIds {
 /// to 16 tokens, and the last token).
 const SHORT_PLAN_TOKENS: usize = 17;
 
+/// LEAN_GPU_VERIFY_MATMUL=1 verifies guesses with the prefill-shaped pass (every row's logits
+/// read back), as before the decode-shaped one: to measure one against the other.
+fn verify_by_matmul() -> bool {
+    static MATMUL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *MATMUL.get_or_init(|| {
+        !cfg!(target_arch = "wasm32")
+            && std::env::var("LEAN_GPU_VERIFY_MATMUL").is_ok_and(|v| v == "1")
+    })
+}
+
 /// LEAN_GPU_TRACE=1 prints the time of each decode step's phases to stderr (natively: a
 /// browser has neither the variable nor std's clock).
 fn trace() -> bool {
@@ -123,14 +133,15 @@ impl GpuSession {
                 Self::submit_plan(&self.ctx, &mut self.profiler, plan, "decode");
             }
         } else {
-            if output == Output::All && self.act.logits_all.is_none() {
+            let rows_out = matches!(output, Output::All | Output::Argmaxes);
+            if rows_out && self.act.logits_all.is_none() {
                 self.act.logits_all = Some(
                     self.ctx
                         .storage_f32("logits (all)", LOGITS_CHUNK * self.model.config.vocab_size),
                 );
             }
             let phase = format!("prefill chunk of {n}");
-            if n <= SHORT_PLAN_TOKENS && output == Output::All {
+            if n <= SHORT_PLAN_TOKENS && rows_out {
                 let i = match self
                     .short_plans
                     .iter()
@@ -153,6 +164,39 @@ impl GpuSession {
         self.ctx.take_error()?;
         self.pos += n;
         Ok(())
+    }
+
+    /// Runs `tokens` (the last generated token and the guesses after it) and returns each one's
+    /// argmax: speculative decoding's verification pass. Up to MATVEC_MAX_TOKENS tokens are one
+    /// decode-shaped pass (`Output::Argmaxes`) whose ids alone come back; more, or with
+    /// LEAN_GPU_VERIFY_MATMUL=1 (natively: the prefill-shaped pass, to compare), passes with
+    /// every row's logits read back. The caller has checked the tokens.
+    pub(super) async fn argmaxes(&mut self, tokens: &[u32]) -> Result<Vec<u32>> {
+        let n = tokens.len();
+        self.discard_ahead();
+        if n == 1 {
+            self.run_chunk(tokens, Output::Last)?;
+            return self.settle(self.ctx.read_u32(&self.act.argmax, 1)).await;
+        }
+        if n <= MATVEC_MAX_TOKENS.min(self.chunk) && !verify_by_matmul() {
+            self.run_chunk(tokens, Output::Argmaxes)?;
+            let len = argmax_len(self.model.config.vocab_size);
+            let rows = self
+                .settle(self.ctx.read_u32(&self.act.argmax, n * len))
+                .await?;
+            return Ok(rows.iter().step_by(len).copied().collect());
+        }
+        let vocab = self.model.config.vocab_size;
+        let mut ids = Vec::with_capacity(n);
+        for chunk in tokens.chunks(LOGITS_CHUNK.min(self.chunk)) {
+            self.run_chunk(chunk, Output::All)?;
+            let buffer = self.act.logits_all.as_ref().expect("made by run_chunk");
+            let logits = self
+                .settle(self.ctx.read_f32(buffer, chunk.len() * vocab))
+                .await?;
+            ids.extend(logits.chunks_exact(vocab).map(lean::sampling::argmax));
+        }
+        Ok(ids)
     }
 
     /// Submits `plan` in a command buffer of its own (profiled, and then waited for, when the

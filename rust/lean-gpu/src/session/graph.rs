@@ -20,11 +20,18 @@ pub(super) enum Output {
     Last,
     /// Every token's logits.
     All,
+    /// Every token's argmax (speculative decoding's verification pass, at most
+    /// MATVEC_MAX_TOKENS tokens), from a decode-shaped pass: each product a matvec of all the
+    /// tokens (the weights read once; every token's sums those of its own decode step), the
+    /// norms fused into them, each token's attention decode's split-K kernel at its position.
+    Argmaxes,
 }
 
 impl GpuSession {
     /// y = x · Wᵀ for n rows of x (y += x · Wᵀ with `accumulate`: the residual add fused in):
-    /// matvec for one token, the tiled matmul for several.
+    /// a matvec of the n tokens for a decode-shaped pass (`shaped`), the tiled matmul for
+    /// several tokens otherwise.
+    #[allow(clippy::too_many_arguments)]
     fn linear(
         &self,
         plan: &mut Plan,
@@ -33,13 +40,21 @@ impl GpuSession {
         y: &wgpu::Buffer,
         n: usize,
         accumulate: bool,
+        shaped: bool,
     ) -> Result<()> {
         let (ctx, k) = (&*self.ctx, &*self.kernels);
-        match (n, accumulate) {
-            (1, false) => k.matvec(ctx, plan, m, x, y),
-            (1, true) => k.matvec_add(ctx, plan, m, x, y),
-            (_, false) => k.matmul(ctx, plan, m, x, y, n),
-            (_, true) => k.matmul_add(ctx, plan, m, x, y, n),
+        if shaped {
+            let extras = MatvecExtras {
+                accumulate,
+                tokens: n,
+                x_width: m.cols(),
+                ..Default::default()
+            };
+            return k.matvec_with(ctx, plan, m, x, (y, RowField::whole(m.rows())), extras);
+        }
+        match accumulate {
+            false => k.matmul(ctx, plan, m, x, y, n),
+            true => k.matmul_add(ctx, plan, m, x, y, n),
         }
     }
 
@@ -53,20 +68,23 @@ impl GpuSession {
         x: &wgpu::Buffer,
         post_norm: Option<&wgpu::Buffer>,
         n: usize,
+        shaped: bool,
     ) -> Result<()> {
         let a = &self.act;
         let Some(weight) = post_norm else {
-            return self.linear(plan, m, x, &a.x, n, true);
+            return self.linear(plan, m, x, &a.x, n, true, shaped);
         };
-        self.linear(plan, m, x, &a.h, n, false)?;
+        self.linear(plan, m, x, &a.h, n, false, shaped)?;
         let (e, eps) = (self.model.config.n_embd, self.model.config.rms_eps);
         self.kernels
             .rms_norm_add(&self.ctx, plan, &a.h, weight, &a.x, e, n, eps)
     }
 
     /// y = x · Wᵀ (+ bias) for each matrix of `s`, into its field of y's rows (`s.width` wide),
-    /// the bias fused in: for one token a matvec with the RMS norm by `norm` fused in too (x is
-    /// the raw residual stream), for several the matmuls (x already normalized).
+    /// the bias fused in: for a decode-shaped pass (`shaped`: one token, or a verification
+    /// pass) a matvec of the tokens with the RMS norm by `norm` fused in too (x is the raw
+    /// residual stream), otherwise the matmuls (x already normalized).
+    #[allow(clippy::too_many_arguments)]
     fn project(
         &self,
         plan: &mut Plan,
@@ -75,6 +93,7 @@ impl GpuSession {
         norm: Option<&wgpu::Buffer>,
         y: &wgpu::Buffer,
         n: usize,
+        shaped: bool,
     ) -> Result<()> {
         let (ctx, k) = (&*self.ctx, &*self.kernels);
         let eps = self.model.config.rms_eps;
@@ -83,16 +102,18 @@ impl GpuSession {
                 width: s.width,
                 offset: *offset,
             };
-            match n {
-                1 => {
+            match shaped {
+                true => {
                     let extras = MatvecExtras {
                         norm: norm.map(|weight| (weight, eps)),
                         bias: s.bias.as_ref(),
+                        tokens: n,
+                        x_width: m.cols(),
                         ..Default::default()
                     };
                     k.matvec_with(ctx, plan, m, x, (y, at), extras)?
                 }
-                _ => {
+                false => {
                     let extras = MatmulExtras {
                         bias: s.bias.as_ref(),
                         ..Default::default()
@@ -108,6 +129,8 @@ impl GpuSession {
     /// buffer) through every layer, then the output head per `output`.
     pub(super) fn record(&self, n: usize, output: Output) -> Result<Plan> {
         let (ctx, k, a) = (&*self.ctx, &*self.kernels, &self.act);
+        // Decode's graph: one token, or a verification pass of a few.
+        let shaped = n == 1 || output == Output::Argmaxes;
         let c = &self.model.config;
         let (e, qd, kvd, ff, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff, c.head_dim);
         let qkv_field = |offset| RowField {
@@ -149,12 +172,12 @@ impl GpuSession {
         )?;
         let eps = c.rms_eps;
         for (l, layer) in self.layers.iter().zip(&c.layers) {
-            // One token: the norms are fused into the matvecs that read them.
-            if n == 1 {
-                self.project(&mut p, &l.qkv, &a.x, Some(&l.attn_norm), &a.qkv, 1)?;
+            // Decode-shaped: the norms are fused into the matvecs that read them.
+            if shaped {
+                self.project(&mut p, &l.qkv, &a.x, Some(&l.attn_norm), &a.qkv, n, true)?;
             } else {
                 k.rms_norm(ctx, &mut p, &a.x, &l.attn_norm, &a.h, e, n, eps)?;
-                self.project(&mut p, &l.qkv, &a.h, None, &a.qkv, n)?;
+                self.project(&mut p, &l.qkv, &a.h, None, &a.qkv, n, false)?;
             }
             if let Some((q_norm, k_norm)) = &l.qk_norms {
                 let (nh, nkv) = (c.n_heads, c.n_kv_heads);
@@ -193,27 +216,47 @@ impl GpuSession {
                     attention,
                 )?;
             }
-            k.attention(
-                ctx,
-                &mut p,
-                &self.step,
-                (&a.qkv, qkv_fields[0]),
-                &l.keys,
-                &l.values,
-                &a.partials,
-                &a.attn,
-                attention,
-                fresh,
-            )?;
-            self.residual(&mut p, &l.wo, &a.attn, l.post_attn_norm.as_ref(), n)?;
+            let q = (&a.qkv, qkv_fields[0]);
+            let (keys, values) = (&l.keys, &l.values);
+            if shaped && n > 1 {
+                // each token as its decode step would attend
+                k.attention_per_token(
+                    ctx,
+                    &mut p,
+                    &self.step,
+                    q,
+                    keys,
+                    values,
+                    &a.partials,
+                    &a.attn,
+                    attention,
+                )?;
+            } else {
+                k.attention(
+                    ctx,
+                    &mut p,
+                    &self.step,
+                    q,
+                    keys,
+                    values,
+                    &a.partials,
+                    &a.attn,
+                    attention,
+                    fresh,
+                )?;
+            }
+            let post_attn_norm = l.post_attn_norm.as_ref();
+            self.residual(&mut p, &l.wo, &a.attn, post_attn_norm, n, shaped)?;
             if l.gate_up.pairs {
                 // act(gate) · up straight out of the gate|up matvec or matmul
                 let (gate_up, act) = (&l.gate_up.matrices[0].1, (&a.act, RowField::whole(ff)));
-                if n == 1 {
+                if shaped {
                     let extras = MatvecExtras {
                         norm: Some((&l.ffn_norm, eps)),
                         swiglu: true,
                         activation,
+                        tokens: n,
+                        x_width: e,
                         ..Default::default()
                     };
                     k.matvec_with(ctx, &mut p, gate_up, &a.x, act, extras)?;
@@ -226,16 +269,26 @@ impl GpuSession {
                     };
                     k.matmul_with(ctx, &mut p, gate_up, &a.h, act, n, extras)?;
                 }
-                self.residual(&mut p, &l.w_down, &a.act, l.post_ffn_norm.as_ref(), n)?;
+                let post_ffn_norm = l.post_ffn_norm.as_ref();
+                self.residual(&mut p, &l.w_down, &a.act, post_ffn_norm, n, shaped)?;
                 continue;
             }
-            if n == 1 {
-                self.project(&mut p, &l.gate_up, &a.x, Some(&l.ffn_norm), &a.gate_up, 1)?;
+            if shaped {
+                let gate_up = &a.gate_up;
+                self.project(
+                    &mut p,
+                    &l.gate_up,
+                    &a.x,
+                    Some(&l.ffn_norm),
+                    gate_up,
+                    n,
+                    true,
+                )?;
             } else {
                 k.rms_norm(ctx, &mut p, &a.x, &l.ffn_norm, &a.h, e, n, eps)?;
-                self.project(&mut p, &l.gate_up, &a.h, None, &a.gate_up, n)?;
+                self.project(&mut p, &l.gate_up, &a.h, None, &a.gate_up, n, false)?;
             }
-            if n == 1 && ff.is_multiple_of(4) {
+            if shaped && ff.is_multiple_of(4) {
                 // act(gate) · up read straight from [gate | up]; the residual added in unless
                 // a post-norm comes first
                 let post_norm = l.post_ffn_norm.as_ref();
@@ -243,6 +296,9 @@ impl GpuSession {
                     silu_up: Some((&a.gate_up, ff)),
                     accumulate: post_norm.is_none(),
                     activation,
+                    tokens: n,
+                    // x: the gate field of [gate | up] rows
+                    x_width: 2 * ff,
                     ..Default::default()
                 };
                 let whole = RowField::whole(e);
@@ -263,7 +319,8 @@ impl GpuSession {
                     n,
                     activation,
                 )?;
-                self.residual(&mut p, &l.w_down, &a.act, l.post_ffn_norm.as_ref(), n)?;
+                let post_ffn_norm = l.post_ffn_norm.as_ref();
+                self.residual(&mut p, &l.w_down, &a.act, post_ffn_norm, n, shaped)?;
             }
         }
         let head = self.model.output();
@@ -294,7 +351,22 @@ impl GpuSession {
                     .as_ref()
                     .ok_or_else(|| GpuError::Shape("no logits buffer for every token".into()))?;
                 k.rms_norm(ctx, &mut p, &a.x, &self.model.output_norm, &a.h, e, n, eps)?;
-                self.linear(&mut p, head, &a.h, logits, n, false)?;
+                self.linear(&mut p, head, &a.h, logits, n, false, false)?;
+            }
+            Output::Argmaxes => {
+                let logits = a
+                    .logits_all
+                    .as_ref()
+                    .ok_or_else(|| GpuError::Shape("no logits buffer for every token".into()))?;
+                let extras = MatvecExtras {
+                    norm: Some((&self.model.output_norm, eps)),
+                    tokens: n,
+                    x_width: e,
+                    ..Default::default()
+                };
+                let rows = (logits, RowField::whole(c.vocab_size));
+                k.matvec_with(ctx, &mut p, head, &a.x, rows, extras)?;
+                k.argmax_rows(ctx, &mut p, logits, &a.argmax, c.vocab_size, n)?;
             }
         }
         Ok(p)

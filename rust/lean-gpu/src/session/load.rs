@@ -260,10 +260,11 @@ impl GpuSession {
             })
             .collect();
         let n = PREFILL_CHUNK.min(context_length);
-        // Steps of fewer tokens split each head more: the scratch fits the largest.
+        // Steps of fewer tokens split each head more, and a verification pass splits each
+        // token as a decoded one: the scratch fits the largest.
         let partials_len = (1..=n)
             .map(|n_tokens| {
-                AttentionShape {
+                let shape = AttentionShape {
                     n_heads: c.n_heads,
                     n_kv_heads: c.n_kv_heads,
                     head_dim: c.head_dim,
@@ -272,8 +273,11 @@ impl GpuSession {
                     cache_offset: 0,
                     scale: c.block.attention_scale,
                     window: None,
+                };
+                match n_tokens <= crate::kernels::MATVEC_MAX_TOKENS {
+                    true => shape.partials_len().max(shape.partials_len_per_token()),
+                    false => shape.partials_len(),
                 }
-                .partials_len()
             })
             .max()
             .unwrap_or(0);
@@ -294,7 +298,11 @@ impl GpuSession {
             act: ctx.storage_f32("act", n * c.n_ff),
             logits: ctx.storage_f32("logits", c.vocab_size),
             logits_all: None,
-            argmax: ctx.storage_f32("argmax", crate::kernels::argmax_len(c.vocab_size)),
+            // a row per token of a verification pass (Output::Argmaxes)
+            argmax: ctx.storage_f32(
+                "argmax",
+                crate::kernels::MATVEC_MAX_TOKENS * crate::kernels::argmax_len(c.vocab_size),
+            ),
             mask: ctx.storage_f32("token mask", crate::kernels::mask_words(c.vocab_size)),
             argmax_masked: ctx.storage_f32(
                 "masked argmax",

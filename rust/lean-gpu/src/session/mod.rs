@@ -30,6 +30,8 @@
 mod decode;
 mod graph;
 mod load;
+#[cfg(test)]
+mod tests;
 
 use decode::DecodedIds;
 use graph::Output;
@@ -267,20 +269,22 @@ impl Session for GpuSession {
         })
     }
 
+    #[cfg(not(target_arch = "wasm32"))]
+    fn forward_argmax_all(&mut self, model: &Model, tokens: &[u32]) -> lean::Result<Vec<u32>> {
+        pollster::block_on(self.forward_argmax_all_async(model, tokens))
+    }
+
     fn forward_argmax_all_async<'a>(
         &'a mut self,
-        model: &'a Model,
+        _model: &'a Model,
         tokens: &'a [u32],
     ) -> LocalFuture<'a, lean::Result<Vec<u32>>> {
+        let ctx = self.ctx.clone();
         Box::pin(async move {
-            let mut rows = Vec::new();
-            self.forward_logits_all_async(model, tokens, &mut rows)
-                .await?;
-            let vocab = self.model.config.vocab_size;
-            Ok(rows
-                .chunks_exact(vocab)
-                .map(lean::sampling::argmax)
-                .collect())
+            self.check(tokens)?;
+            self.argmaxes(tokens)
+                .await
+                .map_err(|e| to_lean(ctx.classify(e)))
         })
     }
 

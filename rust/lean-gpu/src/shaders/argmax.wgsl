@@ -4,12 +4,16 @@
 // [g * SPAN, (g + 1) * SPAN) and writes it to best[1 + 2g] (value bits) and best[2 + 2g]
 // (index); `main` — one workgroup picks the first maximum of those and writes its index to
 // best[0]. Both entry points use binding 1 for a different buffer (values, best).
+//
+// Several rows of n values (a verification pass's logits, a row per token) take a workgroup
+// per (row, span) and one per row: row r's values start at r * n, its results at r * (1 + 2 *
+// spans) (the same layout per row).
 
 struct Params {
-    n: u32,     // values
+    n: u32,     // values a row
     spans: u32, // ceil(n / SPAN)
+    rows: u32,
     _pad0: u32,
-    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -39,15 +43,25 @@ fn reduce(lid: u32) {
 }
 
 @compute @workgroup_size(WORKGROUP)
-fn spans(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let first = wid.x * SPAN;
+fn spans(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+         @builtin(local_invocation_index) lid: u32) {
+    // 2-D dispatch past the per-dimension limit: whole groups past the last leave together.
+    let g = wid.x + wid.y * groups.x;
+    if (g >= p.rows * p.spans) {
+        return;
+    }
+    let row = g / p.spans;
+    let span = g % p.spans;
+    let row_values = row * p.n;
+    let out = row * (1u + 2u * p.spans);
+    let first = span * SPAN;
     let end = min(p.n, first + SPAN);
     // Each thread scans its indices in increasing order, so `>` keeps its first maximum; a
     // thread with none starts from the span's first value (a tie it loses on index).
     var bi = min(first + lid, end - 1u);
-    var bv = values[bi];
+    var bv = values[row_values + bi];
     for (var i = first + lid + WORKGROUP; i < end; i += WORKGROUP) {
-        let v = values[i];
+        let v = values[row_values + i];
         if (v > bv) {
             bv = v;
             bi = i;
@@ -57,27 +71,34 @@ fn spans(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     best_index[lid] = bi;
     reduce(lid);
     if (lid == 0u) {
-        spans_best[1u + 2u * wid.x] = bitcast<u32>(best_value[0]);
-        spans_best[2u + 2u * wid.x] = best_index[0];
+        spans_best[out + 1u + 2u * span] = bitcast<u32>(best_value[0]);
+        spans_best[out + 2u + 2u * span] = best_index[0];
     }
 }
 
 @compute @workgroup_size(WORKGROUP)
-fn main(@builtin(local_invocation_index) lid: u32) {
-    var bv = bitcast<f32>(best[1u]);
-    var bi = best[2u];
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    // a workgroup per row
+    let row = wid.x + wid.y * groups.x;
+    if (row >= p.rows) {
+        return;
+    }
+    let out = row * (1u + 2u * p.spans);
+    var bv = bitcast<f32>(best[out + 1u]);
+    var bi = best[out + 2u];
     // Spans in increasing order: `>` keeps the first maximum.
     for (var g = lid; g < p.spans; g += WORKGROUP) {
-        let v = bitcast<f32>(best[1u + 2u * g]);
+        let v = bitcast<f32>(best[out + 1u + 2u * g]);
         if (v > bv) {
             bv = v;
-            bi = best[2u + 2u * g];
+            bi = best[out + 2u + 2u * g];
         }
     }
     best_value[lid] = bv;
     best_index[lid] = bi;
     reduce(lid);
     if (lid == 0u) {
-        best[0] = best_index[0];
+        best[out] = best_index[0];
     }
 }

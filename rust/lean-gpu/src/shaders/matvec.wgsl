@@ -30,6 +30,13 @@
 //   straight out of the matvec, no [gate | up] row in between.
 // - GELU: SILU's and SWIGLU's activation is GELU-tanh instead of SiLU (activation.wgsl, Gemma 3).
 // - `bias` and `accumulate`: y = (W·x + bias) or y += W·x, as separate adds would round.
+//
+// Several tokens (COLUMNS > 1, the verification pass of speculative decoding): x, up and y
+// hold a row per token (x_stride and y_stride f32 apart) and each thread dots every token's
+// slices with the rows it holds, so the rows' weights come from memory once for all of them
+// (the repeated loads of a slice's words hit the cache). Each token's sums are added in the
+// order of a one-token matvec and reduced one token after another the same way: every token
+// gets the bits its own matvec would give.
 
 struct Params {
     part: Layout,   // where the weight part's arrays lie
@@ -40,11 +47,11 @@ struct Params {
     bias: u32,       // 1: plus bias[row] (before an accumulate)
     eps: f32,        // of the norm (NORM)
     up_offset: u32,  // vec4s: where up starts in its binding (SILU)
+    x_stride: u32,   // f32 from one token's row of x (and of up) to the next's (COLUMNS > 1)
+    y_stride: u32,   // f32 from one token's row of y to the next's (COLUMNS > 1)
     _pad0: u32,
     _pad1: u32,
     _pad2: u32,
-    _pad3: u32,
-    _pad4: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -69,14 +76,24 @@ override SILU: bool = false;
 override SWIGLU: bool = false;
 // act of SILU and SWIGLU (activation.wgsl): GELU-tanh; SiLU without.
 override GELU: bool = false;
-// ROWS_PER_THREAD, rows a thread dots its slices with, and the reductions' array sizes
-// TREE_SLOTS and SUBGROUP_SLOTS come from kernels/matvec.rs's header; in quads:
+// ROWS_PER_THREAD, rows a thread dots its slices with, COLUMNS, the tokens of a dispatch, and
+// the reductions' array sizes TREE_SLOTS and SUBGROUP_SLOTS come from kernels/matvec.rs's
+// header; in quads:
 const QUADS: u32 = ROWS_PER_THREAD / 4u;
 
 // A thread's (or a reduction's) sums: the dots with the workgroup's rows, and x² (NORM).
 struct Partial {
     dots: array<vec4<f32>, QUADS>,
     squares: f32,
+}
+
+// Where up's activations of the token being dotted start, in vec4s (select_token).
+var<private> up_first: u32;
+
+// Points x_slice_vec4 (units.wgsl), the F32 snippet and add_slice at token c's rows.
+fn select_token(c: u32) {
+    x_first = c * p.x_stride;
+    up_first = p.up_offset + c * (p.x_stride / 4u);
 }
 
 // acc plus slice s's dots with the rows from `first` and its x², of the activations, which are
@@ -90,8 +107,8 @@ fn add_slice(acc: Partial, first: u32, s: u32) -> Partial {
         xs[1] = norm_weight[2u * s + 1u] * xs[1];
     }
     if (SILU) {
-        xs[0] = activate4(GELU, xs[0]) * up[p.up_offset + 2u * s];
-        xs[1] = activate4(GELU, xs[1]) * up[p.up_offset + 2u * s + 1u];
+        xs[0] = activate4(GELU, xs[0]) * up[up_first + 2u * s];
+        xs[1] = activate4(GELU, xs[1]) * up[up_first + 2u * s + 1u];
     }
     var sums = acc;
     for (var k = 0u; k < QUADS; k++) {
@@ -101,25 +118,33 @@ fn add_slice(acc: Partial, first: u32, s: u32) -> Partial {
     return sums;
 }
 
-// The partials of thread `lid` with the workgroup's rows: slices lid, lid + WORKGROUP, ...
-// added in that order.
-fn partial_dots(group: u32, lid: u32) -> Partial {
+// The partials of thread `lid` with the workgroup's rows, per token: slices lid,
+// lid + WORKGROUP, ... added in that order.
+fn partial_dots(group: u32, lid: u32) -> array<Partial, COLUMNS> {
     let first = group * ROWS_PER_THREAD;
     let n = row_slices();
-    var acc: Partial; // zeros
+    var acc: array<Partial, COLUMNS>; // zeros
     var s = lid;
     // Two slices a trip, so that a thread has the loads of both in flight at once.
     for (; s + WORKGROUP < n; s += 2u * WORKGROUP) {
-        acc = add_slice(add_slice(acc, first, s), first, s + WORKGROUP);
+        for (var c = 0u; c < COLUMNS; c++) {
+            select_token(c);
+            acc[c] = add_slice(add_slice(acc[c], first, s), first, s + WORKGROUP);
+        }
     }
     if (s < n) {
-        acc = add_slice(acc, first, s);
+        for (var c = 0u; c < COLUMNS; c++) {
+            select_token(c);
+            acc[c] = add_slice(acc[c], first, s);
+        }
     }
     return acc;
 }
 
-// Writes the dots of the workgroup `group` with its rows (the sums of its threads' partials).
-fn store_rows(group: u32, sums: Partial) {
+// Writes token c's dots of the workgroup `group` with its rows (the sums of its threads'
+// partials).
+fn store_rows(group: u32, c: u32, sums: Partial) {
+    let y_first = c * p.y_stride;
     var scale = 1.0;
     if (NORM) {
         // inverseSqrt() is allowed 2 ulp of error; a true division keeps HF's rounding.
@@ -136,7 +161,7 @@ fn store_rows(group: u32, sums: Partial) {
                     u = u * scale;
                 }
                 let pair = p.first_row / 2u + group * (ROWS_PER_THREAD / 2u) + k;
-                y[pair] = activate(GELU, g) * u;
+                y[y_first + pair] = activate(GELU, g) * u;
             }
         }
         return;
@@ -152,9 +177,9 @@ fn store_rows(group: u32, sums: Partial) {
                 v = v + bias[p.first_row + r];
             }
             if (p.accumulate != 0u) {
-                v = y[p.first_row + r] + v;
+                v = y[y_first + p.first_row + r] + v;
             }
-            y[p.first_row + r] = v;
+            y[y_first + p.first_row + r] = v;
         }
     }
 }

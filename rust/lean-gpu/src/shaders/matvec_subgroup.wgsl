@@ -17,26 +17,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     if (group * ROWS_PER_THREAD >= p.rows) {
         return;
     }
-    var sums = partial_dots(group, lid);
-    for (var k = 0u; k < QUADS; k++) {
-        sums.dots[k] = subgroupAdd(sums.dots[k]);
-    }
-    if (NORM) {
-        sums.squares = subgroupAdd(sums.squares);
-    }
-    // The subgroup's first active invocation writes its sums.
-    if (sg_lane == subgroupBroadcastFirst(sg_lane)) {
-        partial[sg] = sums;
-    }
-    workgroupBarrier();
-    if (lid == 0u) {
-        var total = partial[0];
-        for (var i = 1u; i < subgroups; i++) {
-            for (var k = 0u; k < QUADS; k++) {
-                total.dots[k] += partial[i].dots[k];
-            }
-            total.squares += partial[i].squares;
+    let all = partial_dots(group, lid);
+    // One token after another, through the same slots.
+    for (var c = 0u; c < COLUMNS; c++) {
+        var sums = all[c];
+        for (var k = 0u; k < QUADS; k++) {
+            sums.dots[k] = subgroupAdd(sums.dots[k]);
         }
-        store_rows(group, total);
+        if (NORM) {
+            sums.squares = subgroupAdd(sums.squares);
+        }
+        // The subgroup's first active invocation writes its sums.
+        if (sg_lane == subgroupBroadcastFirst(sg_lane)) {
+            partial[sg] = sums;
+        }
+        workgroupBarrier();
+        if (lid == 0u) {
+            var total = partial[0];
+            for (var i = 1u; i < subgroups; i++) {
+                for (var k = 0u; k < QUADS; k++) {
+                    total.dots[k] += partial[i].dots[k];
+                }
+                total.squares += partial[i].squares;
+            }
+            store_rows(group, c, total);
+        }
+        if (COLUMNS > 1u) {
+            // thread 0 has read the slots before the next token's sums land in them
+            workgroupBarrier();
+        }
     }
 }

@@ -14,20 +14,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     if (group * ROWS_PER_THREAD >= p.rows) {
         return;
     }
-    let sums = partial_dots(group, lid);
-    tree_dots[lid] = sums.dots;
-    tree_squares[lid] = sums.squares;
-    for (var s = WORKGROUP / 2u; s > 0u; s >>= 1u) {
-        workgroupBarrier();
-        if (lid < s) {
-            for (var k = 0u; k < QUADS; k++) {
-                tree_dots[lid][k] += tree_dots[lid + s][k];
+    let all = partial_dots(group, lid);
+    // One token after another, through the same tree.
+    for (var c = 0u; c < COLUMNS; c++) {
+        tree_dots[lid] = all[c].dots;
+        tree_squares[lid] = all[c].squares;
+        for (var s = WORKGROUP / 2u; s > 0u; s >>= 1u) {
+            workgroupBarrier();
+            if (lid < s) {
+                for (var k = 0u; k < QUADS; k++) {
+                    tree_dots[lid][k] += tree_dots[lid + s][k];
+                }
+                tree_squares[lid] += tree_squares[lid + s];
             }
-            tree_squares[lid] += tree_squares[lid + s];
         }
-    }
-    // Thread 0 wrote the final sums itself: no barrier needed before reading them.
-    if (lid == 0u) {
-        store_rows(group, Partial(tree_dots[0], tree_squares[0]));
+        // Thread 0 wrote the final sums itself: no barrier needed before reading them.
+        if (lid == 0u) {
+            store_rows(group, c, Partial(tree_dots[0], tree_squares[0]));
+        }
+        if (COLUMNS > 1u) {
+            // every thread is done reading the tree before the next token's sums land in it
+            workgroupBarrier();
+        }
     }
 }

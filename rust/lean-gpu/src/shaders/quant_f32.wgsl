@@ -10,7 +10,7 @@ fn slice_x(s: u32) -> array<vec4<f32>, 2> {
 }
 
 fn x_or_zero(e: u32) -> f32 {
-    return select(0.0, x[min(e, p.cols - 1u)], e < p.cols);
+    return select(0.0, x[x_first + min(e, p.cols - 1u)], e < p.cols);
 }
 
 fn weights4(i: u32) -> vec4<f32> {

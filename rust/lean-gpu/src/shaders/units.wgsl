@@ -19,9 +19,15 @@ struct Layout {
 
 const NIBBLES: u32 = 0x0F0F0F0Fu;
 
-// x[8s .. 8s + 8] as two 16-byte loads (rows of whole units: the buffer holds them all).
+// Where the activations of the token being dotted start in x, in f32 (a multiple of 4): the
+// matvec of several tokens sets it per token (matvec.wgsl: select_token); 0 for one token.
+var<private> x_first: u32;
+
+// x[8s .. 8s + 8] of the token's activations as two 16-byte loads (rows of whole units: the
+// buffer holds them all).
 fn x_slice_vec4(s: u32) -> array<vec4<f32>, 2> {
-    return array<vec4<f32>, 2>(x4[2u * s], x4[2u * s + 1u]);
+    let base = x_first / 4u;
+    return array<vec4<f32>, 2>(x4[base + 2u * s], x4[base + 2u * s + 1u]);
 }
 
 // The bytes of v as the f32 values 2^23 + byte, exactly: the byte becomes the low mantissa bits
