@@ -15,6 +15,12 @@
 #   scripts/device-spec.sh run-constrained   there, instead of `run`: decode with and without a
 #                                 JSON-schema constraint (issue 24's order_items schema),
 #                                 interleaved, 5 reps each, GPU and CPU; JSON lines into $OUT
+#   scripts/device-spec.sh run-verify   there, instead of `run`: the GPU's verification passes,
+#                                 decode-shaped (default) against prefill-shaped
+#                                 (LEAN_GPU_VERIFY_MATMUL=1), in `bench-spec` on each model, and
+#                                 plain decode of this build against LEAN_CLI_BASELINE's lean-cli
+#                                 (prepare copies it to .devspec/bin/lean-cli-baseline), 3 rounds
+#                                 interleaved; lean-gpu's kernel and verification-pass tests first
 #
 # .devspec/ is git-ignored through .git/info/exclude and travels only as `carry`.
 set -uo pipefail
@@ -29,11 +35,15 @@ prepare() {
     grep -qx '/.devspec/' "$exclude" 2>/dev/null || echo /.devspec/ >>"$exclude"
     target=${CARGO_TARGET_DIR:-$HOME/.cache/lean/target-gpu}
     models=${LEAN_MODELS:-$HOME/.cache/lean/models}
-    CARGO_TARGET_DIR=$target nice -n 19 cargo test --release -p lean-gpu --test parity --no-run
+    CARGO_TARGET_DIR=$target nice -n 19 cargo test --release -p lean-gpu --no-run
     CARGO_TARGET_DIR=$target nice -n 19 cargo build --release -p lean-cli
     rm -rf .devspec && mkdir -p .devspec/bin
-    cp "$(ls -t "$target"/release/deps/parity-* | grep -v '\.d$' | head -1)" .devspec/bin/parity
+    # the newest build of each test binary (deps/ keeps older hashes too)
+    for name in parity lean_gpu kernels; do
+        cp "$(ls -t "$target"/release/deps/$name-* | grep -v '\.d$' | head -1)" .devspec/bin/$name
+    done
     cp "$target/release/lean-cli" .devspec/bin/
+    [ -z "${LEAN_CLI_BASELINE:-}" ] || cp "$LEAN_CLI_BASELINE" .devspec/bin/lean-cli-baseline
     strip .devspec/bin/* 2>/dev/null || true
     [ $# -gt 0 ] || set -- smollm2-135m-instruct-q4_0.gguf smollm2-135m-instruct-q8_0.gguf \
         qwen2.5-coder-0.5b-instruct-q4_0.gguf
@@ -135,10 +145,47 @@ run_constrained() {
     return $status
 }
 
+# The GPU's verification passes and plain decode, this build against the earlier one, after the
+# kernel tests and the bit-for-bit verification-pass test on this GPU.
+run_verify() {
+    setup_there || return 1
+    local status=0 out=${OUT:-/tmp}
+    echo "=== lean-gpu tests on this GPU"
+    CI=1 "$stash/bin/lean_gpu" --test-threads=1 2>&1 | tail -3 || status=1
+    CI=1 "$stash/bin/kernels" --test-threads=1 2>&1 | tail -3 || status=1
+    for m in $names_there; do
+        echo "=== $m"
+        for round in 1 2 3; do
+            for build in baseline new; do
+                local cli=$stash/bin/lean-cli
+                [ $build = baseline ] && cli=$stash/bin/lean-cli-baseline
+                [ -x "$cli" ] || continue
+                "$cli" bench -m "$LEAN_MODELS/$m" --backend gpu --gen-tokens 256 \
+                    --reps 3 --json 2>/dev/null |
+                    python3 -c 'import json,sys; r=json.load(sys.stdin); print(json.dumps({"model":sys.argv[1],"build":sys.argv[2],"round":int(sys.argv[3]),"bench":r}))' \
+                        "$m" $build $round | tee -a "$out/decode.jsonl" | cut -c1-400 || status=1
+            done
+            # shaped-all: guessing at every step (no cost check), as `run` measured before
+            for pass in shaped matmul shaped-all; do
+                local env=() flags=()
+                [ $pass = matmul ] && env=(LEAN_GPU_VERIFY_MATMUL=1)
+                [ $pass = shaped-all ] && flags=(--no-cost-check)
+                echo "--- bench-spec $m round $round, $pass verification"
+                env "${env[@]}" "$stash/bin/lean-cli" bench-spec -m "$LEAN_MODELS/$m" --tokenizer gguf \
+                    --backend gpu --lookup 8 --gen-tokens 128 --reps 3 "${flags[@]}" --json |
+                    python3 -c 'import json,sys; r=json.load(sys.stdin); print(json.dumps({"model":sys.argv[1],"pass":sys.argv[2],"round":int(sys.argv[3]),"spec":r}))' \
+                        "$m" $pass $round | tee -a "$out/bench-spec.jsonl" | cut -c1-600 || status=1
+            done
+        done
+    done
+    return $status
+}
+
 case "${1:-}" in
     prepare) shift; prepare "$@" ;;
     stash) stash_parts ;;
     run) run_there ;;
     run-constrained) run_constrained ;;
-    *) echo "usage: $0 prepare [MODEL...] | stash | run | run-constrained" >&2; exit 2 ;;
+    run-verify) run_verify ;;
+    *) echo "usage: $0 prepare [MODEL...] | stash | run | run-constrained | run-verify" >&2; exit 2 ;;
 esac
