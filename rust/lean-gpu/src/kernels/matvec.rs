@@ -25,8 +25,7 @@ const MATVEC_ROWS_PER_THREAD: usize = 4;
 const _: () = assert!(MATVEC_ROWS_PER_THREAD.is_multiple_of(ROW_QUAD) && ROW_QUAD == 4);
 
 /// Most tokens one matvec dispatch takes (`MatvecExtras::tokens`): the verification passes of
-/// speculative decoding (a last token and up to 15 guesses). Each count is a shader module of
-/// its own (COLUMNS sizes the threads' sums), made on first use.
+/// speculative decoding (a last token and up to 15 guesses).
 pub const MATVEC_MAX_TOKENS: usize = 16;
 
 /// Whether `matvec` and `matmul` support weights of type `ty`.
@@ -99,7 +98,8 @@ struct MatvecParams {
     up_offset: u32,
     x_stride: u32,
     y_stride: u32,
-    pad: [u32; 3],
+    tokens: u32,
+    pad: [u32; 2],
 }
 
 /// What a matvec fuses in besides y = W·x (`Kernels::matvec_with`).
@@ -129,9 +129,8 @@ pub struct MatvecExtras<'a> {
     pub x_width: usize,
 }
 
-/// The matvec shader of each type, for one token or for a number of them (COLUMNS); its
-/// pipelines, one per workgroup size and fusion (override constants), are created on first
-/// use: of the dozens per type a model uses a few.
+/// The matvec shader of each type; its pipelines, one per workgroup size and fusion (override
+/// constants), are created on first use: of the dozens per type a model uses a few.
 pub(super) struct MatvecShaders {
     /// Keyed by (index in MATVEC_WORKGROUP_SIZES, fusions: NORM, SILU, SWIGLU, GELU bits).
     shaders: TypedShaders<(usize, u8)>,
@@ -142,7 +141,7 @@ pub(super) struct MatvecShaders {
 impl MatvecShaders {
     /// The shaders of every type, reducing with subgroup operations or in workgroup memory,
     /// with workgroups of at most what the reduction and the device allow.
-    pub(super) fn new(ctx: &GpuContext, subgroups: bool, tokens: usize) -> Self {
+    pub(super) fn new(ctx: &GpuContext, subgroups: bool) -> Self {
         let largest = Self::largest(subgroups)
             .min(ctx.limits().max_compute_invocations_per_workgroup as usize);
         // WebGPU guarantees 256 invocations, so at least the smallest size fits.
@@ -154,7 +153,7 @@ impl MatvecShaders {
         let modules = BLOCK_TYPES
             .iter()
             .map(|&(ty, block)| {
-                let (label, source) = Self::source(ty, block, subgroups, tokens);
+                let (label, source) = Self::source(ty, block, subgroups);
                 // SAFETY: every index is in range and every loop ends (see matvec_module).
                 (ty, unsafe { matvec_module(ctx, &label, &source) })
             })
@@ -173,17 +172,10 @@ impl MatvecShaders {
         }
     }
 
-    /// The label and source of the matvec shader of `ty` (block decoder `block`) for `tokens`
-    /// tokens a dispatch.
-    pub(super) fn source(
-        ty: TensorType,
-        block: &str,
-        subgroups: bool,
-        tokens: usize,
-    ) -> (String, String) {
+    /// The label and source of the matvec shader of `ty` (block decoder `block`).
+    pub(super) fn source(ty: TensorType, block: &str, subgroups: bool) -> (String, String) {
         let consts = Consts::new()
             .u32("ROWS_PER_THREAD", MATVEC_ROWS_PER_THREAD)
-            .u32("COLUMNS", tokens)
             .u32("TREE_SLOTS", MATVEC_TREE_MAX_WORKGROUP)
             .u32("SUBGROUP_SLOTS", MATVEC_SUBGROUP_SLOTS);
         // quad_dot: the row-quad types' snippets define it, the others get it per row.
@@ -198,12 +190,7 @@ impl MatvecShaders {
         };
         let parts = [BYTES, UNITS, ACTIVATION, block, quad_dot, MATVEC, reduction];
         let source = wgsl::assemble(directives, &consts, &parts);
-        let suffix = if tokens > 1 {
-            format!("_x{tokens}")
-        } else {
-            String::new()
-        };
-        (format!("{name}_{ty}{suffix}"), source)
+        (format!("{name}_{ty}"), source)
     }
 
     /// The override constants of the pipeline with workgroup size
@@ -246,8 +233,9 @@ impl MatvecShaders {
 ///   sizes and where each element lands), and GGUF-layout parts hold whole rows of whole
 ///   blocks, padded to 16 bytes, which covers load_u32's second word at a block's end;
 /// - x: slices cover `cols` elements (block types: whole units, read as vec4 below cols / 4;
-///   F32 reads clamp to cols - 1) from token c's row at c × x_stride (c < COLUMNS, x_stride a
-///   multiple of 4), and `x` holds at least (COLUMNS - 1) × x_stride + `cols` f32 (checked);
+///   F32 reads clamp to cols - 1) from token c's row at c × x_stride (c = the workgroup's
+///   index mod tokens < tokens, x_stride a multiple of 4), and `x` holds at least
+///   (tokens - 1) × x_stride + `cols` f32 (checked);
 /// - y: stores go to c × y_stride + `first_row + r` for part rows r (first_row: the field's
 ///   offset plus the part's first row; y_stride the field's row width), below the field's
 ///   offset + `rows()` in token c's row, which `y` holds for every token (checked), and a
@@ -262,8 +250,9 @@ impl MatvecShaders {
 ///   (SUBGROUP_SLOTS = MATVEC_SUBGROUP_SLOTS) by subgroup, below num_subgroups: a subgroup has
 ///   at least wgpu's MINIMUM_SUBGROUP_MIN_SIZE invocations, and the const assert above makes
 ///   the slots enough for the largest WORKGROUP;
-/// - a thread's Partials are indexed below COLUMNS (loops over c < COLUMNS), a Partial's
-///   quads below QUADS = ROWS_PER_THREAD / 4 (loops over k < QUADS,
+/// - a workgroup's row group is its index / tokens, below the part's groups for every
+///   workgroup that does not return at once (the dispatch has groups × tokens);
+/// - a Partial's quads are indexed below QUADS = ROWS_PER_THREAD / 4 (loops over k < QUADS,
 ///   rows i < ROWS_PER_THREAD at i / 4, pairs k < ROWS_PER_THREAD / 2 at k / 2);
 /// - every loop steps by at least 1 toward a fixed bound, and the only divisions are by
 ///   constants.
@@ -280,16 +269,6 @@ unsafe fn matvec_module(ctx: &GpuContext, label: &str, source: &str) -> wgpu::Sh
 }
 
 impl Kernels {
-    /// The matvec shaders for `tokens` tokens a dispatch, reducing as `with_subgroup_matvec`
-    /// asked: the one-token ones made with the kernels, the others on first use.
-    fn matvec_shaders(&self, ctx: &GpuContext, tokens: usize) -> &MatvecShaders {
-        let subgroups = self.matvec_subgroup.is_some();
-        if tokens <= 1 {
-            return self.matvec_subgroup.as_ref().unwrap_or(&self.matvec);
-        }
-        self.matvec_tokens[tokens - 2].get_or_init(|| MatvecShaders::new(ctx, subgroups, tokens))
-    }
-
     /// y = W·x for a weight matrix on the device (`x`: cols f32, `y`: rows f32); one dispatch
     /// per part of a split matrix.
     pub fn matvec(
@@ -403,7 +382,7 @@ impl Kernels {
         }
         // Workgroups of the first part, the largest: parts are dispatched one after another.
         let workgroups = m.parts()[0].rows.div_ceil(MATVEC_ROWS_PER_THREAD);
-        let shaders = self.matvec_shaders(ctx, tokens);
+        let shaders = self.matvec_subgroup.as_ref().unwrap_or(&self.matvec);
         let size = matvec_size_index(m.slices(), workgroups, shaders.sizes);
         let gated = extras.silu_up.is_some() || extras.swiglu;
         let bit = |on: bool, b: u8| if on { b } else { 0 };
@@ -424,11 +403,13 @@ impl Kernels {
                 up_offset: u32_arg("up offset", extras.silu_up.map_or(0, |(_, o)| o / 4))?,
                 x_stride: u32_arg("x stride", x_stride)?,
                 y_stride: u32_arg("y stride", if tokens > 1 { at.width } else { 0 })?,
-                pad: [0; 3],
+                tokens: u32_arg("tokens", tokens)?,
+                pad: [0; 2],
             };
+            // a workgroup per (row group, token), the tokens of a row group side by side
             let groups = u32_arg(
                 "matvec workgroups",
-                part.rows.div_ceil(MATVEC_ROWS_PER_THREAD),
+                part.rows.div_ceil(MATVEC_ROWS_PER_THREAD) * tokens,
             )?;
             let name = format!(
                 "matvec{}{}{}{} {} {}x{}",
@@ -471,11 +452,8 @@ pub(super) fn variants() -> Vec<wgsl::Variant> {
             .iter()
             .filter(|&&n| n <= MatvecShaders::largest(subgroups))
             .count();
-        for (&(ty, block), tokens) in BLOCK_TYPES
-            .iter()
-            .flat_map(|b| [(b, 1), (b, 3), (b, MATVEC_MAX_TOKENS)])
-        {
-            let (label, source) = MatvecShaders::source(ty, block, subgroups, tokens);
+        for &(ty, block) in &BLOCK_TYPES {
+            let (label, source) = MatvecShaders::source(ty, block, subgroups);
             let mut v = wgsl::Variant::main::<MatvecParams>(label, source);
             v.pipelines = (0..sizes)
                 .flat_map(|size| {

@@ -79,9 +79,6 @@ pub struct Kernels {
     /// Matvecs reducing in workgroup memory, and with subgroupAdd (`with_subgroup_matvec`).
     matvec: matvec::MatvecShaders,
     matvec_subgroup: Option<matvec::MatvecShaders>,
-    /// Matvecs of 2 ..= MATVEC_MAX_TOKENS tokens a dispatch (index: tokens - 2), reducing as
-    /// the one-token ones do, made on first use.
-    matvec_tokens: [std::sync::OnceLock<matvec::MatvecShaders>; matvec::MATVEC_MAX_TOKENS - 1],
     matmul: matmul::MatmulPipelines,
     embed: Vec<(TensorType, wgpu::ComputePipeline)>,
     norm: norm::NormPipelines,
@@ -120,9 +117,8 @@ impl Kernels {
     async fn build(ctx: &GpuContext, subgroups: bool) -> Result<Self> {
         let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let kernels = Kernels {
-            matvec: matvec::MatvecShaders::new(ctx, false, 1),
-            matvec_subgroup: subgroups.then(|| matvec::MatvecShaders::new(ctx, true, 1)),
-            matvec_tokens: Default::default(),
+            matvec: matvec::MatvecShaders::new(ctx, false),
+            matvec_subgroup: subgroups.then(|| matvec::MatvecShaders::new(ctx, true)),
             matmul: matmul::MatmulPipelines::new(ctx),
             embed: embed::pipelines(ctx),
             norm: norm::NormPipelines::new(ctx),

@@ -12,39 +12,33 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
         @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32,
         @builtin(num_subgroups) subgroups: u32,
         @builtin(subgroup_invocation_id) sg_lane: u32) {
-    let group = wid.x + wid.y * groups.x;
+    // Workgroup g computes rows of group g / tokens for token g % tokens (tokens_and_rows).
+    let at = token_and_rows(wid.x + wid.y * groups.x);
+    let group = at.y;
     // Whole groups past the part's rows (of a 2-D dispatch) leave together, before any barrier.
     if (group * ROWS_PER_THREAD >= p.rows) {
         return;
     }
-    let all = partial_dots(group, lid);
-    // One token after another, through the same slots.
-    for (var c = 0u; c < COLUMNS; c++) {
-        var sums = all[c];
-        for (var k = 0u; k < QUADS; k++) {
-            sums.dots[k] = subgroupAdd(sums.dots[k]);
-        }
-        if (NORM) {
-            sums.squares = subgroupAdd(sums.squares);
-        }
-        // The subgroup's first active invocation writes its sums.
-        if (sg_lane == subgroupBroadcastFirst(sg_lane)) {
-            partial[sg] = sums;
-        }
-        workgroupBarrier();
-        if (lid == 0u) {
-            var total = partial[0];
-            for (var i = 1u; i < subgroups; i++) {
-                for (var k = 0u; k < QUADS; k++) {
-                    total.dots[k] += partial[i].dots[k];
-                }
-                total.squares += partial[i].squares;
+    var sums = partial_dots(group, lid);
+    for (var k = 0u; k < QUADS; k++) {
+        sums.dots[k] = subgroupAdd(sums.dots[k]);
+    }
+    if (NORM) {
+        sums.squares = subgroupAdd(sums.squares);
+    }
+    // The subgroup's first active invocation writes its sums.
+    if (sg_lane == subgroupBroadcastFirst(sg_lane)) {
+        partial[sg] = sums;
+    }
+    workgroupBarrier();
+    if (lid == 0u) {
+        var total = partial[0];
+        for (var i = 1u; i < subgroups; i++) {
+            for (var k = 0u; k < QUADS; k++) {
+                total.dots[k] += partial[i].dots[k];
             }
-            store_rows(group, c, total);
+            total.squares += partial[i].squares;
         }
-        if (COLUMNS > 1u) {
-            // thread 0 has read the slots before the next token's sums land in them
-            workgroupBarrier();
-        }
+        store_rows(group, at.x, total);
     }
 }

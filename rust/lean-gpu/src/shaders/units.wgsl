@@ -20,7 +20,7 @@ struct Layout {
 const NIBBLES: u32 = 0x0F0F0F0Fu;
 
 // Where the activations of the token being dotted start in x, in f32 (a multiple of 4): the
-// matvec of several tokens sets it per token (matvec.wgsl: select_token); 0 for one token.
+// matvec of several tokens sets it per token (matvec.wgsl: token_and_rows); 0 for one token.
 var<private> x_first: u32;
 
 // x[8s .. 8s + 8] of the token's activations as two 16-byte loads (rows of whole units: the
