@@ -123,7 +123,8 @@ pub struct MatvecExtras<'a> {
     pub activation: Activation,
     /// Tokens (0 counts as 1, at most MATVEC_MAX_TOKENS): x, up and y hold a row per token,
     /// `x_width` f32 apart for x and up, the field's width for y, and each token's rows get
-    /// the bits a matvec of that token alone would give them (the weights are read once).
+    /// the bits a matvec of that token alone would give them (a workgroup per row group and
+    /// token, a row group's tokens side by side: its weights come from memory once).
     pub tokens: usize,
     /// f32 from one token's row of x (and of up) to the next's, a multiple of 4 (tokens > 1).
     pub x_width: usize,

@@ -22,7 +22,8 @@ pub(super) enum Output {
     All,
     /// Every token's argmax (speculative decoding's verification pass, at most
     /// MATVEC_MAX_TOKENS tokens), from a decode-shaped pass: each product a matvec of all the
-    /// tokens (the weights read once; every token's sums those of its own decode step), the
+    /// tokens (a row group's weights read from memory once; every token's sums those of its own
+    /// decode step), the
     /// norms fused into them, each token's attention decode's split-K kernel at its position.
     Argmaxes,
 }
