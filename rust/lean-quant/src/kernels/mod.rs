@@ -885,8 +885,12 @@ fn dot_via_buffer(
 
 /// The eight 6-bit scales and mins of a Q4_K/Q5_K block (ggml's `get_scale_min_k4` for sub-blocks
 /// 0..8, see `scalar::dequantize_q4_k`), one per byte: `(scales, mins)`.
-// used by the x86 kernels alone
-#[cfg(target_arch = "x86_64")]
+// used by the SIMD kernels alone (not by wasm32 without simd128)
+#[cfg(any(
+    target_arch = "x86_64",
+    all(target_arch = "aarch64", target_feature = "neon"),
+    all(target_arch = "wasm32", target_feature = "simd128")
+))]
 fn k4_scales_mins(packed: &[u8; 12]) -> (u64, u64) {
     let [a, b, c] = words(packed);
     // Sub-blocks 0..4 keep their low 6 bits in bytes 0..8; 4..8 have their low nibbles in
@@ -901,8 +905,12 @@ fn k4_scales_mins(packed: &[u8; 12]) -> (u64, u64) {
 
 /// The sixteen 6-bit scales of a Q3_K block (stored with a +32 offset, see
 /// `scalar::dequantize_q3_k`), one per byte, as four little-endian words.
-// used by the x86 kernels alone
-#[cfg(target_arch = "x86_64")]
+// used by the SIMD kernels alone (not by wasm32 without simd128)
+#[cfg(any(
+    target_arch = "x86_64",
+    all(target_arch = "aarch64", target_feature = "neon"),
+    all(target_arch = "wasm32", target_feature = "simd128")
+))]
 fn q3_k_scales(packed: &[u8; 12]) -> [u32; 4] {
     let [a, b, c] = words(packed);
     let low = 0x0F0F_0F0F;
@@ -915,8 +923,12 @@ fn q3_k_scales(packed: &[u8; 12]) -> [u32; 4] {
     ]
 }
 
-// used by the x86 kernels alone
-#[cfg(target_arch = "x86_64")]
+// used by the SIMD kernels alone (not by wasm32 without simd128)
+#[cfg(any(
+    target_arch = "x86_64",
+    all(target_arch = "aarch64", target_feature = "neon"),
+    all(target_arch = "wasm32", target_feature = "simd128")
+))]
 fn words(packed: &[u8; 12]) -> [u32; 3] {
     let word = |i: usize| {
         u32::from_le_bytes([
