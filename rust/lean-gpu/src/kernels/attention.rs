@@ -145,7 +145,7 @@ impl AttentionShape {
         self.visible().div_ceil(ATTENTION_CHUNK).clamp(1, most)
     }
 
-    /// Splits per token of `attention_per_token`: a decoded token's (so each token's sums are
+    /// Splits per token of an untiled `attention_of`: a decoded token's (so each token's sums are
     /// its decode step's).
     fn splits_per_token(&self) -> usize {
         AttentionShape {
@@ -161,7 +161,7 @@ impl AttentionShape {
         self.partials_len_with(self.splits())
     }
 
-    /// f32 elements of the partials scratch buffer `attention_per_token` needs.
+    /// f32 elements of the partials scratch buffer an untiled `attention_of` needs.
     pub fn partials_len_per_token(&self) -> usize {
         self.partials_len_with(self.splits_per_token())
     }
@@ -340,30 +340,13 @@ impl Kernels {
         self.attention_of(ctx, plan, step, q, buffers, s, fresh, true)
     }
 
-    /// As `attention`, every token through decode's split-K kernels (never the tiled prefill
-    /// one) split as a decoded token is: a few tokens of a verification pass, each attending
-    /// as its decode step would, bit for bit (the queries rotated and the keys cached by
-    /// rope_kv_store, with the fresh path's expressions). `partials` holds
-    /// `s.partials_len_per_token()` f32.
+    /// As `attention`, with `tiled` false every token through decode's split-K kernels
+    /// (never the tiled prefill one) split as a decoded token is: a few tokens of a
+    /// verification pass, each attending as its decode step would, bit for bit (the queries
+    /// rotated and the keys cached by rope_kv_store, with the fresh path's expressions);
+    /// `partials` then holds `s.partials_len_per_token()` f32.
     #[allow(clippy::too_many_arguments)]
-    pub fn attention_per_token(
-        &self,
-        ctx: &GpuContext,
-        plan: &mut Plan,
-        step: &StepBuffer,
-        q: (&wgpu::Buffer, RowField),
-        keys: &wgpu::Buffer,
-        values: &wgpu::Buffer,
-        partials: &wgpu::Buffer,
-        out: &wgpu::Buffer,
-        s: AttentionShape,
-    ) -> Result<()> {
-        let buffers = (keys, values, partials, out);
-        self.attention_of(ctx, plan, step, q, buffers, s, None, false)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn attention_of(
+    pub(crate) fn attention_of(
         &self,
         ctx: &GpuContext,
         plan: &mut Plan,

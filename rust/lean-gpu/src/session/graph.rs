@@ -219,33 +219,10 @@ impl GpuSession {
             }
             let q = (&a.qkv, qkv_fields[0]);
             let (keys, values) = (&l.keys, &l.values);
-            if shaped && n > 1 {
-                // each token as its decode step would attend
-                k.attention_per_token(
-                    ctx,
-                    &mut p,
-                    &self.step,
-                    q,
-                    keys,
-                    values,
-                    &a.partials,
-                    &a.attn,
-                    attention,
-                )?;
-            } else {
-                k.attention(
-                    ctx,
-                    &mut p,
-                    &self.step,
-                    q,
-                    keys,
-                    values,
-                    &a.partials,
-                    &a.attn,
-                    attention,
-                    fresh,
-                )?;
-            }
+            // A verification pass's tokens each attend as their decode steps would.
+            let tiled = !(shaped && n > 1);
+            let buffers = (keys, values, &a.partials, &a.attn);
+            k.attention_of(ctx, &mut p, &self.step, q, buffers, attention, fresh, tiled)?;
             let post_attn_norm = l.post_attn_norm.as_ref();
             self.residual(&mut p, &l.wo, &a.attn, post_attn_norm, n, shaped)?;
             if l.gate_up.pairs {
