@@ -15,12 +15,14 @@
 #   scripts/device-spec.sh run-constrained   there, instead of `run`: decode with and without a
 #                                 JSON-schema constraint (issue 24's order_items schema),
 #                                 interleaved, 5 reps each, GPU and CPU; JSON lines into $OUT
-#   scripts/device-spec.sh run-verify   there, instead of `run`: the GPU's verification passes,
-#                                 decode-shaped (default) against prefill-shaped
-#                                 (LEAN_GPU_VERIFY_MATMUL=1), in `bench-spec` on each model, and
+#   scripts/device-spec.sh run-verify   there, instead of `run`: the GPU's verification passes
+#                                 (VERIFY_PASSES: shaped, shaped-all, baseline-all, matmul = the
+#                                 prefill-shaped LEAN_GPU_VERIFY_MATMUL=1) in `bench-spec`, and
 #                                 plain decode of this build against LEAN_CLI_BASELINE's lean-cli
 #                                 (prepare copies it to .devspec/bin/lean-cli-baseline), 3 rounds
-#                                 interleaved; lean-gpu's kernel and verification-pass tests first
+#                                 interleaved, and lookup guessing every step with both builds;
+#                                 lean-gpu's kernel and verification-pass tests first; a
+#                                 LEAN_GPU_PROFILE run of each model into $OUT/profile-MODEL.txt
 #
 # .devspec/ is git-ignored through .git/info/exclude and travels only as `carry`.
 set -uo pipefail
@@ -165,18 +167,25 @@ run_verify() {
                     python3 -c 'import json,sys; r=json.load(sys.stdin); print(json.dumps({"model":sys.argv[1],"build":sys.argv[2],"round":int(sys.argv[3]),"bench":r}))' \
                         "$m" $build $round | tee -a "$out/decode.jsonl" | cut -c1-400 || status=1
             done
-            # shaped-all: guessing at every step (no cost check), as `run` measured before
-            for pass in shaped matmul shaped-all; do
-                local env=() flags=()
+            # shaped-all: guessing at every step (no cost check); baseline-all: the same with
+            # LEAN_CLI_BASELINE's build; matmul: the prefill-shaped pass (VERIFY_PASSES=matmul)
+            for pass in ${VERIFY_PASSES:-shaped shaped-all baseline-all}; do
+                local env=() flags=() cli=$stash/bin/lean-cli
                 [ $pass = matmul ] && env=(LEAN_GPU_VERIFY_MATMUL=1)
                 [ $pass = shaped-all ] && flags=(--no-cost-check)
+                [ $pass = baseline-all ] && flags=(--no-cost-check) && cli=$stash/bin/lean-cli-baseline
+                [ -x "$cli" ] || continue
                 echo "--- bench-spec $m round $round, $pass verification"
-                env "${env[@]}" "$stash/bin/lean-cli" bench-spec -m "$LEAN_MODELS/$m" --tokenizer gguf \
+                env "${env[@]}" "$cli" bench-spec -m "$LEAN_MODELS/$m" --tokenizer gguf \
                     --backend gpu --lookup 8 --gen-tokens 128 --reps 3 "${flags[@]}" --json |
                     python3 -c 'import json,sys; r=json.load(sys.stdin); print(json.dumps({"model":sys.argv[1],"pass":sys.argv[2],"round":int(sys.argv[3]),"spec":r}))' \
                         "$m" $pass $round | tee -a "$out/bench-spec.jsonl" | cut -c1-600 || status=1
             done
         done
+        # GPU time per dispatch of plain steps and of passes (timestamp queries)
+        LEAN_GPU_PROFILE=1 "$stash/bin/lean-cli" bench-spec -m "$LEAN_MODELS/$m" --tokenizer gguf \
+            --backend gpu --lookup 8 --gen-tokens 128 --reps 1 --no-cost-check --json \
+            >/dev/null 2>"$out/profile-$m.txt" || status=1
     done
     return $status
 }

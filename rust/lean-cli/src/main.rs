@@ -268,7 +268,7 @@ pub fn new_engine(
 
 /// Loads the GGUF at `path` as `engine`'s draft model, on `backend` (its description goes to
 /// stderr).
-fn load_draft_model(engine: &mut Engine, path: &Path, backend: &str) -> CliResult<()> {
+pub(crate) fn load_draft_model(engine: &mut Engine, path: &Path, backend: &str) -> CliResult<()> {
     let model = Model::load_file(path).map_err(|e| format!("--draft {}: {e}", path.display()))?;
     engine
         .set_draft_model(model, |model, context| new_session(backend, model, context))

@@ -850,6 +850,92 @@ fn a_prediction_speeds_the_reply_without_changing_it() {
     assert_error(&reply, 400, Some("prediction"), "prediction.type");
 }
 
+#[test]
+fn a_draft_model_speeds_replies_on_every_slot_without_changing_them() {
+    let Some(m) = models() else { return };
+    let draft = m.join("smollm2-135m-instruct-q8_0.gguf");
+    let draft = draft.to_str().unwrap();
+    let Some(server) = Server::start(&[
+        "--ctx",
+        "1024",
+        "--slots",
+        "2",
+        "--draft",
+        draft,
+        "--draft-max",
+        "4",
+    ]) else {
+        return;
+    };
+    // Two requests at once: each slot guesses with its own copy of the draft model's cache.
+    let prompts = [
+        "Repeat exactly: the quick brown fox jumps over the lazy dog, then the lazy dog sleeps.",
+        "Write a Python function that adds two numbers.",
+    ];
+    let replies: Vec<_> = prompts
+        .iter()
+        .map(|prompt| {
+            let client = server.client.clone();
+            let messages = json!([{"role": "user", "content": prompt}]);
+            std::thread::spawn(move || {
+                client.post(
+                    "/v1/chat/completions",
+                    &json!({"messages": messages, "max_tokens": 32, "temperature": 0}),
+                )
+            })
+        })
+        .collect();
+    for (reply, prompt) in replies.into_iter().zip(prompts) {
+        let reply = reply.join().unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let expected = cli_chat(&json!([{"role": "user", "content": prompt}]), 32);
+        assert_eq!(
+            reply.body["choices"][0]["message"]["content"], expected["text"],
+            "{prompt}"
+        );
+        // The Q8_0 draft of the Q4_0 model: nearly the same network, its guesses kept (it
+        // costs what the target does, so the cost check soon pauses guessing).
+        let details = &reply.body["usage"]["completion_tokens_details"];
+        assert!(
+            details["accepted_prediction_tokens"].as_u64().unwrap() > 0,
+            "{details}"
+        );
+    }
+    // A constrained request runs without guesses; the server goes on.
+    let reply = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "A JSON object, please."}],
+                "max_tokens": 8, "response_format": {"type": "json_object"}}),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.body);
+}
+
+#[test]
+fn a_draft_model_of_another_vocabulary_is_refused_at_start() {
+    let (Some(m), Some(model)) = (models(), model_path()) else {
+        return;
+    };
+    let qwen = m.join("qwen2.5-coder-0.5b-instruct-q4_0.gguf");
+    for (extra, what) in [
+        (
+            vec!["--draft", qwen.to_str().unwrap()],
+            "151936 tokens, the model's 49152",
+        ),
+        (vec!["--draft", &model, "--draft-max", "0"], "--draft-max"),
+        (vec!["--draft", &model, "--lookup", "4"], "--lookup"),
+        (vec!["--draft-max", "4"], "--draft"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_lean-cli"))
+            .args(["serve", "--model", &model, "--port", "0"])
+            .args(&extra)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra:?} started");
+        assert!(stderr.contains(what), "{extra:?}: {stderr}");
+    }
+}
+
 /// Resident memory of a process in KiB (Linux), `None` elsewhere.
 fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

@@ -5,7 +5,9 @@ mod openai;
 mod slots;
 mod stop;
 
-use crate::{init_threads, load_model, model_and_tokenizer, new_session, CliResult, Common};
+use crate::{
+    init_threads, load_draft_model, load_model, model_and_tokenizer, new_session, CliResult, Common,
+};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
@@ -71,6 +73,14 @@ pub struct ServeArgs {
     /// pass. Greedy replies are the same as without it; sampled ones have the same distribution.
     #[arg(long, value_name = "N")]
     lookup: Option<usize>,
+    /// Speculative decoding by a draft model for requests without a constraint: a smaller GGUF
+    /// with the same vocabulary guesses greedily (each slot has its own copy of its KV cache; the
+    /// weights are mapped once). A request's `prediction` still guesses by prompt lookup.
+    #[arg(long, value_name = "FILE", conflicts_with = "lookup")]
+    draft: Option<PathBuf>,
+    /// The draft model's longest guess, in tokens (default 8).
+    #[arg(long, value_name = "N", requires = "draft")]
+    draft_max: Option<usize>,
 }
 
 /// Guess length of speculative decoding from a request's `prediction` when `--lookup` is not set.
@@ -85,6 +95,8 @@ struct Server {
     truncate: bool,
     /// Prompt lookup's draft length for greedy requests (`--lookup`).
     lookup: Option<usize>,
+    /// The draft model's longest guess when there is one (`--draft`).
+    draft_max: Option<usize>,
     started: u64,
     /// The model's logits (the vocabulary constraints are compiled over).
     vocab_size: usize,
@@ -105,6 +117,9 @@ pub fn run(args: ServeArgs) -> CliResult {
     if args.slots == 0 {
         return Err("--slots must be at least 1".into());
     }
+    if args.draft_max == Some(0) {
+        return Err("--draft-max needs guesses of at least one token".into());
+    }
     init_threads(args.common.threads)?;
     let (model_path, tok_source) = model_and_tokenizer(&args.common, args.tokenizer.as_ref())?;
     let mut engines = Vec::new();
@@ -113,12 +128,13 @@ pub fn run(args: ServeArgs) -> CliResult {
         let (model, _) = load_model(&args.common)?;
         let tokenizer = tok_source.load(&model.gguf)?;
         let backend = args.common.backend.clone();
-        engines.push(Engine::with_backend(
-            model,
-            tokenizer,
-            args.common.ctx,
-            |model, ctx| new_session(&backend, model, ctx),
-        )?);
+        let mut engine = Engine::with_backend(model, tokenizer, args.common.ctx, |model, ctx| {
+            new_session(&backend, model, ctx)
+        })?;
+        if let Some(draft) = &args.draft {
+            load_draft_model(&mut engine, draft, &backend)?;
+        }
+        engines.push(engine);
     }
     eprintln!(
         "lean: {} ({}) · backend {} · {} slot(s) of {} tokens",
@@ -138,6 +154,7 @@ pub fn run(args: ServeArgs) -> CliResult {
             .map_or("model".into(), |s| s.to_string_lossy().into_owned()),
         truncate: args.truncation == "auto",
         lookup: args.lookup,
+        draft_max: args.draft.as_ref().map(|_| args.draft_max.unwrap_or(8)),
         started: unix_seconds(),
         vocab_size,
         constraint_vocab: OnceLock::new(),
@@ -285,8 +302,9 @@ async fn serve(
         constraint: prepared.constraint.clone(),
         speculation: None,
     };
-    // Speculative decoding: `--lookup`, or a request's prediction (then guesses of up to
-    // DEFAULT_PREDICTION_DRAFT tokens unless `--lookup` says otherwise). Not with a constraint.
+    // Speculative decoding: a request's prediction by prompt lookup (guesses of up to
+    // DEFAULT_PREDICTION_DRAFT tokens unless `--lookup` says otherwise), else `--draft`'s model,
+    // else `--lookup`. Not with a constraint.
     if options.constraint.is_none() {
         let prediction = match &request.prediction {
             Some(text) => Some(server.tokenizer.encode(text, false).map_err(|e| {
@@ -297,11 +315,14 @@ async fn serve(
             })?),
             None => None,
         };
-        let draft = server
-            .lookup
-            .or(prediction.as_ref().map(|_| DEFAULT_PREDICTION_DRAFT));
-        options.speculation = draft
-            .map(|n| lean::Speculation::lookup(n).with_prediction(prediction.unwrap_or_default()));
+        options.speculation = match (prediction, server.draft_max) {
+            (Some(prediction), _) => Some(
+                lean::Speculation::lookup(server.lookup.unwrap_or(DEFAULT_PREDICTION_DRAFT))
+                    .with_prediction(prediction),
+            ),
+            (None, Some(n)) => Some(lean::Speculation::draft_model(n)),
+            (None, None) => server.lookup.map(lean::Speculation::lookup),
+        };
     }
     if request.ignore_eos {
         options.stop_token_ids = Some(Vec::new());
