@@ -688,13 +688,7 @@ impl Engine {
                 self.settle_verification(active, &pass, verified, since(t0))
             }
             None => if active.argmax_only {
-                // Passes queued ahead are discarded by a verification pass: none when
-                // speculating.
-                let ahead = if active.drafter.is_none() {
-                    active.tokens_after_next()
-                } else {
-                    0
-                };
+                let ahead = active.plain_steps_ahead();
                 self.session.decode_argmax(&self.model, id, ahead)
             } else if let Some(constraint) =
                 active.constraint.as_mut().filter(|_| active.masked_argmax)
@@ -850,13 +844,7 @@ impl Engine {
                 self.settle_verification(active, &pass, verified, since(t0))
             }
             None => if active.argmax_only {
-                // Passes queued ahead are discarded by a verification pass: none when
-                // speculating.
-                let ahead = if active.drafter.is_none() {
-                    active.tokens_after_next()
-                } else {
-                    0
-                };
+                let ahead = active.plain_steps_ahead();
                 self.session
                     .decode_argmax_async(&self.model, id, ahead)
                     .await
@@ -1094,6 +1082,17 @@ impl ActiveGeneration {
     /// How many tokens `max_tokens` allows after the one being computed.
     fn tokens_after_next(&self) -> usize {
         self.max_tokens.saturating_sub(self.token_ids().len() + 1)
+    }
+
+    /// How many plain steps surely follow the next one, which a session may queue ahead: all
+    /// the tokens left without speculation; while the cost check pauses guessing, the rest of
+    /// the pause (a verification pass would discard passes queued past it); else none.
+    fn plain_steps_ahead(&self) -> usize {
+        let after_next = self.tokens_after_next();
+        match &self.drafter {
+            None => after_next,
+            Some(drafter) => drafter.plain_steps_after_this().min(after_next),
+        }
     }
 
     fn end(&mut self, token: Option<TokenEvent>, reason: FinishReason) -> Step {

@@ -217,6 +217,12 @@ impl Drafter {
         self.cost.as_ref().is_some_and(|c| c.pause > 0)
     }
 
+    /// While paused, the plain steps that follow the one about to run before the next guess
+    /// (a session may queue them ahead); 0 otherwise.
+    pub fn plain_steps_after_this(&self) -> usize {
+        self.cost.as_ref().map_or(0, |c| c.pause.saturating_sub(1))
+    }
+
     /// Books a step that ran without a guess (paused, or no guess was found) and took
     /// `seconds` (0 where the platform has no clock: the cost check then never pauses).
     pub fn record_plain(&mut self, seconds: f64) {
@@ -448,9 +454,13 @@ mod tests {
             d.record(4, 0, 0.003);
             let mut steps = 0;
             while d.paused() {
+                // The rest of the pause may be queued ahead; none past it.
+                let pause = [4, 8, 16, 32, 64][pauses.len()];
+                assert_eq!(d.plain_steps_after_this(), pause - 1 - steps);
                 d.record_plain(0.001);
                 steps += 1;
             }
+            assert_eq!(d.plain_steps_after_this(), 0);
             pauses.push(steps);
         }
         assert_eq!(pauses, [4, 8, 16, 32, 64]);
