@@ -21,6 +21,7 @@ import type {
   WirePrompt,
 } from "./protocol.js";
 import { toEngineOptions } from "./protocol.js";
+import { draftWireFile, type DraftModelSpec } from "./files.js";
 import { ChatCompletions } from "./openai.js";
 
 /** What the engine needs of a Worker (a fake one in tests). */
@@ -59,6 +60,11 @@ export interface StartOptions {
 export interface LoadHooks {
   onProgress?: (progress: LoadProgress) => void;
   onWarning?: (message: string) => void;
+}
+
+export interface LoadDraftOptions extends LoadHooks {
+  /** Where catalog models marked `local` are served, as createEngine's. Default: "models/" of the page. */
+  modelBaseUrl?: string | URL;
 }
 
 interface Deferred<T> {
@@ -471,6 +477,55 @@ export class Engine extends EventTarget {
     const reply = await this.#afterQueued({ type: "resetCache", id: this.#nextId++ });
     if (reply.type !== "cacheReset") throw new Error(`unexpected reply ${reply.type} to resetCache`);
     this.info.cachedTokens = 0;
+  }
+
+  /**
+   * Loads a draft model for speculative decoding (`speculative: { draft: n }`): a smaller model
+   * with this model's vocabulary that guesses the next tokens greedily, with a KV cache of its
+   * own; the model checks each guess, so greedy output stays the same. `draft`: a catalog id or
+   * `{ gguf, sha256? }`, read as the model's files are (Cache Storage, the verified download,
+   * progress as `file: "draft"`). It runs on the CPU backend the worker has, also beside WebGPU
+   * (a warning says so). Replaces an earlier draft model. A model of another vocabulary is refused
+   * (the message names the first difference) and the engine keeps what it had. Runs after the
+   * generations queued before it; those queued after wait for it. Resolves to
+   * `info.draftModel`, the draft model and its session in words.
+   */
+  async loadDraft(draft: DraftModelSpec, options: LoadDraftOptions = {}): Promise<string> {
+    const file = draftWireFile(draft, options.modelBaseUrl);
+    const id = this.#nextId++;
+    const previous = this.#tail;
+    const ended = deferred<void>();
+    this.#tail = previous.then(() => ended.promise);
+    try {
+      await previous;
+      this.#assertUsable();
+      const draftModel = await new Promise<string>((resolve, reject) => {
+        this.#handlers.set(id, (reply) => {
+          switch (reply.type) {
+            case "progress":
+              options.onProgress?.(reply.progress);
+              return;
+            case "warning":
+              (options.onWarning ?? console.warn)(reply.message);
+              return;
+            case "draftLoaded":
+              this.#handlers.delete(id);
+              resolve(reply.draftModel);
+              return;
+            case "error":
+              this.#handlers.delete(id);
+              reject(fromWireError(reply.error));
+              return;
+          }
+        });
+        const transfer = "bytes" in file.source ? [file.source.bytes] : [];
+        this.#worker.postMessage({ type: "loadDraft", id, draft: file }, transfer);
+      });
+      this.info.draftModel = draftModel;
+      return draftModel;
+    } finally {
+      ended.resolve();
+    }
   }
 
   /** Stops the worker and frees the model; later calls fail with EngineDisposedError. */

@@ -12,10 +12,21 @@ import { DEFAULT_CACHE_NAME, deleteCachedFiles, listCachedFiles, type CachedFile
 import { catalog, catalogFiles, findModel, type CatalogModel } from "./catalog.js";
 import { Engine, type LoadHooks, type WorkerLike } from "./engine.js";
 import { ErrorName, leanError } from "./errors.js";
+import {
+  absoluteUrl,
+  defaultModelBaseUrl,
+  describeValue,
+  draftWireFile,
+  isFileInput,
+  wireFile,
+  type DraftModelSpec,
+  type FileInput,
+} from "./files.js";
 import type { BackendChoice, LoadProgress, TestHooks, WireFile, WireModel } from "./protocol.js";
 
 export { DEFAULT_THREAD_POOL_TIMEOUT_MS, Engine } from "./engine.js";
-export type { GenerateOptions, StartOptions, TokenStream, WorkerLike } from "./engine.js";
+export type { GenerateOptions, LoadDraftOptions, StartOptions, TokenStream, WorkerLike } from "./engine.js";
+export type { DraftModelSpec, FileInput } from "./files.js";
 export { ErrorName } from "./errors.js";
 export { ChatCompletions } from "./openai.js";
 export type {
@@ -64,9 +75,6 @@ export type {
   ToolChoice,
 } from "./protocol.js";
 
-/** A model file: a URL (absolute, or relative to the page), a File/Blob, or its bytes. */
-export type FileInput = string | URL | Blob | ArrayBuffer | Uint8Array;
-
 /**
  * A model given by its files rather than a catalog id: the GGUF alone (its tokenizer and chat
  * template come from its own metadata, `tokenizer.ggml.*` and `tokenizer.chat_template`), or
@@ -93,6 +101,12 @@ export interface CreateEngineOptions {
    * into wasm memory without a second copy.
    */
   model: string | ModelFiles;
+  /**
+   * A draft model for speculative decoding (`speculative: { draft: n }`), loaded after the model
+   * (progress as `file: "draft"`): a catalog id or `{ gguf, sha256? }`. It must share the model's
+   * vocabulary, else the load fails naming the difference. Later: `engine.loadDraft`.
+   */
+  draft?: DraftModelSpec;
   /** Default "auto": WebGPU, else threads, else SIMD, by capability. */
   backend?: BackendChoice;
   /** Context window in tokens (capped at the model's). Default: the catalog's, else 4096. */
@@ -121,54 +135,6 @@ export interface CreateEngineOptions {
 }
 
 const DEFAULT_CONTEXT_LENGTH = 4096;
-
-/** The page's URL, against which relative model URLs resolve. */
-function pageUrl(): string | undefined {
-  const g = globalThis as { document?: { baseURI?: string }; location?: { href?: string } };
-  return g.document?.baseURI ?? g.location?.href;
-}
-
-function absoluteUrl(url: string | URL): string {
-  try {
-    return new URL(url, pageUrl()).href;
-  } catch {
-    throw new TypeError(`not a valid URL: ${String(url)}`);
-  }
-}
-
-function defaultModelBaseUrl(options: { modelBaseUrl?: string | URL }): string {
-  return absoluteUrl(options.modelBaseUrl ?? "models/");
-}
-
-function wireFile(input: FileInput, what: string): WireFile {
-  if ((typeof input === "string" && input !== "") || input instanceof URL) {
-    const url = absoluteUrl(input);
-    return { name: url, source: { url }, size: null, sha256: null };
-  }
-  if (input instanceof Blob) {
-    const name = "name" in input && typeof input.name === "string" ? input.name : `${what} (Blob)`;
-    return { name, source: { blob: input }, size: null, sha256: null };
-  }
-  if (input instanceof ArrayBuffer) {
-    return { name: `${what} (ArrayBuffer)`, source: { bytes: input }, size: null, sha256: null };
-  }
-  if (input instanceof Uint8Array) {
-    const whole =
-      input.buffer instanceof ArrayBuffer && input.byteOffset === 0 && input.byteLength === input.buffer.byteLength;
-    const bytes = whole ? (input.buffer as ArrayBuffer) : input.slice().buffer;
-    return { name: `${what} (Uint8Array)`, source: { bytes }, size: null, sha256: null };
-  }
-  throw new TypeError(
-    `model.${what} must be a URL (string or URL), File, Blob, ArrayBuffer or Uint8Array, got ${describeValue(input)}`,
-  );
-}
-
-function describeValue(value: unknown): string {
-  if (value === null) return "null";
-  if (typeof value === "string") return value === "" ? "an empty string" : JSON.stringify(value);
-  if (typeof value !== "object") return typeof value;
-  return (value as object).constructor?.name ?? "an object";
-}
 
 /** A file of the spec: null when absent (undefined or null). */
 function optionalWireFile(input: FileInput | null | undefined, what: string): WireFile | null {
@@ -204,8 +170,7 @@ function resolveModel(
       entry,
     };
   }
-  const isFile = (v: unknown) => v instanceof URL || v instanceof Blob || v instanceof ArrayBuffer || ArrayBuffer.isView(v);
-  if (typeof model !== "object" || model === null || isFile(model)) {
+  if (typeof model !== "object" || model === null || isFileInput(model)) {
     throw new TypeError(
       `model must be a catalog id or ${MODEL_SPEC}: a GGUF alone (a URL, File, Blob, ArrayBuffer or ` +
         `Uint8Array) runs on the tokenizer in its own metadata; got ${describeValue(model)}`,
@@ -240,6 +205,8 @@ function positiveInteger(value: number | undefined, name: string): void {
 /** Starts a worker, picks the backend and loads the model; resolves when it can generate. */
 export async function createEngine(options: CreateEngineOptions): Promise<Engine> {
   const { wire, entry } = resolveModel(options.model, options);
+  // A malformed draft spec throws now, before anything downloads.
+  if (options.draft !== undefined) draftWireFile(options.draft, options.modelBaseUrl);
   positiveInteger(options.contextLength, "contextLength");
   positiveInteger(options.threads, "threads");
   positiveInteger(options.threadPoolTimeoutMs, "threadPoolTimeoutMs");
@@ -252,7 +219,7 @@ export async function createEngine(options: CreateEngineOptions): Promise<Engine
     return worker;
   };
   const hooks: LoadHooks = { onProgress: options.onProgress, onWarning: options.onWarning };
-  const started = Engine.start(
+  const loaded = Engine.start(
     newWorker,
     {
       model: wire,
@@ -266,6 +233,19 @@ export async function createEngine(options: CreateEngineOptions): Promise<Engine
     hooks,
     { threadPoolTimeoutMs: options.threadPoolTimeoutMs },
   );
+  const { draft } = options;
+  const started =
+    draft === undefined
+      ? loaded
+      : loaded.then(async (engine) => {
+          try {
+            await engine.loadDraft(draft, { ...hooks, modelBaseUrl: options.modelBaseUrl });
+          } catch (e) {
+            engine.dispose();
+            throw e;
+          }
+          return engine;
+        });
   if (!signal) return started;
   return new Promise<Engine>((resolve, reject) => {
     const onAbort = () => {

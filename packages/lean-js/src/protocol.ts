@@ -96,9 +96,11 @@ export interface GenerateParams {
    * pass. Greedy tokens are the same as without it; sampled ones have the same distribution.
    * Code edits, summaries and extraction, which repeat their input, come faster. `prediction`:
    * text the output is expected to resemble (the file being edited), searched first (guesses of
-   * up to `lookup` tokens, default 8).
+   * up to `lookup` tokens, default 8). `{ draft: n }`: the engine's draft model
+   * (`engine.loadDraft`, createEngine's `draft`) guesses up to n tokens greedily instead; not
+   * with `lookup` or `prediction`.
    */
-  speculative?: { lookup?: number; prediction?: string };
+  speculative?: { lookup?: number; prediction?: string; draft?: number };
   /**
    * Structured output (constrained decoding): every token is chosen among those that keep the
    * output inside the format, so it always parses. `{ type: "json_object" }`: any JSON object;
@@ -198,6 +200,8 @@ export interface ModelInfo {
   hasChatTemplate: boolean;
   /** Whether the tokenizer (and chat template) came from the GGUF's metadata, no tokenizer.json given. */
   tokenizerFromGguf: boolean;
+  /** The draft model (`engine.loadDraft`) and the session it runs on, in words; null without one. */
+  draftModel: string | null;
   /**
    * Token ids the KV cache holds (the last conversation), kept current after each generation: a
    * next prompt that starts with them prefills only the rest (see `Engine.cacheInfo`).
@@ -223,7 +227,8 @@ export interface CacheInfo {
   reusableTokens?: number;
 }
 
-export type ModelFileRole = "gguf" | "tokenizer" | "tokenizerConfig" | "chatTemplate";
+/** A file of the model, or ("draft") the draft model's GGUF. */
+export type ModelFileRole = "gguf" | "tokenizer" | "tokenizerConfig" | "chatTemplate" | "draft";
 
 export interface LoadProgress {
   file: ModelFileRole;
@@ -294,6 +299,8 @@ export type Request =
   | { type: "cacheInfo"; id: number; prompt: WirePrompt | null; params?: GenerateParams }
   /** Forgets the KV cache (the next generation prefills its whole prompt). */
   | { type: "resetCache"; id: number }
+  /** Loads a draft model beside the model (replacing an earlier one): progress, then "draftLoaded". */
+  | { type: "loadDraft"; id: number; draft: WireFile }
   | { type: "memoryInfo"; id: number };
 
 export type Reply =
@@ -311,6 +318,8 @@ export type Reply =
   | { type: "tokenized"; id: number; ids: number[] }
   | { type: "cacheInfo"; id: number; info: CacheInfo }
   | { type: "cacheReset"; id: number }
+  /** `draftModel`: the draft model and its session, in words. */
+  | { type: "draftLoaded"; id: number; draftModel: string }
   | { type: "memoryInfo"; id: number; info: MemoryInfo }
   /** `fatal`: the worker cannot serve any further request. */
   | { type: "error"; id: number; error: WireError; fatal: boolean };
@@ -532,19 +541,32 @@ export function toEngineOptions(params: GenerateParams): Record<string, unknown>
   }
   let lookup: number | undefined;
   let prediction: string | undefined;
+  let draft: number | undefined;
   if (params.speculative !== undefined) {
     const spec = params.speculative as unknown;
     const keys = spec !== null && typeof spec === "object" ? Object.keys(spec) : [];
-    if (keys.length === 0 || keys.some((k) => k !== "lookup" && k !== "prediction")) {
-      throw new TypeError("speculative must be { lookup?: n, prediction?: text } (prompt lookup with guesses of up to n tokens)");
+    if (keys.length === 0 || keys.some((k) => k !== "lookup" && k !== "prediction" && k !== "draft")) {
+      throw new TypeError(
+        "speculative must be { lookup?: n, prediction?: text } (prompt lookup with guesses of up to n tokens) " +
+          "or { draft: n } (the draft model's guesses of up to n tokens)",
+      );
     }
-    ({ lookup, prediction } = params.speculative);
+    ({ lookup, prediction, draft } = params.speculative);
     checkCount("speculative.lookup", lookup);
     if (lookup !== undefined && lookup < 1) throw new TypeError("speculative.lookup must be at least 1");
     if (prediction !== undefined && typeof prediction !== "string") {
       throw new TypeError("speculative.prediction must be a string");
     }
-    if (lookup === undefined && prediction === undefined) throw new TypeError("speculative needs lookup or prediction");
+    checkCount("speculative.draft", draft);
+    if (draft !== undefined && draft < 1) throw new TypeError("speculative.draft must be at least 1");
+    if (draft !== undefined && (lookup !== undefined || prediction !== undefined)) {
+      throw new TypeError(
+        "speculative.draft does not combine with lookup or prediction: the draft model or prompt lookup guesses, not both",
+      );
+    }
+    if (lookup === undefined && prediction === undefined && draft === undefined) {
+      throw new TypeError("speculative needs lookup, prediction or draft");
+    }
   }
   const constraint = toEngineConstraint(params.responseFormat);
   if (constraint !== null && params.speculative !== undefined) {
@@ -571,6 +593,7 @@ export function toEngineOptions(params: GenerateParams): Record<string, unknown>
     stop_token_ids: params.stopTokenIds,
     lookup,
     prediction,
+    draft,
     constraint: constraint ?? undefined,
     tools: tools?.tools,
     tool_choice: tools?.tool_choice,

@@ -19,6 +19,12 @@ export interface WasmEngineHandle {
   deviceLost(): string | undefined;
   /** Test hook: destroys the WebGPU device now, or before the pass after `passes` more. False on the CPU. */
   loseDevice(passes?: number | null): boolean;
+  /**
+   * Gives the engine the draft model `loader` received (consumed), on the CPU: `draft` in the
+   * options then speculates with it. Throws when its vocabulary differs from the model's. Returns
+   * it and its session in words (`info`'s `draft_model`).
+   */
+  setDraftModel(loader: WasmModelLoader): string;
   free(): void;
 }
 

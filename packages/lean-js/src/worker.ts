@@ -46,8 +46,11 @@ let wasmMemory: WebAssembly.Memory | null = null;
 let broken: Error | null = null;
 /** The generation in progress and whether a cancel arrived for it. */
 let active: { id: number; cancelled: boolean } | null = null;
-/** The load request, kept to read the model again for a CPU engine when the GPU device is lost. */
-let loaded: { request: LoadRequest; backend: Backend } | null = null;
+/**
+ * The load request and the draft model's file, kept to read them again for a CPU engine when the
+ * GPU device is lost.
+ */
+let loaded: { request: LoadRequest; backend: Backend; draft: WireFile | null } | null = null;
 
 const post = (reply: Reply) => scope.postMessage(reply);
 
@@ -136,6 +139,23 @@ async function handle(request: Exclude<Request, { type: "cancel" }>): Promise<vo
       loadedEngine().resetCache();
       post({ type: "cacheReset", id: request.id });
       return;
+    case "loadDraft": {
+      if (active) throw new Error(`generation ${active.id} is still running`);
+      if (!loaded) throw new Error("no model is loaded");
+      const draftModel = await addDraft(loadedEngine(), request.draft, loaded.request.cacheName, request.id);
+      loaded = { ...loaded, draft: request.draft };
+      if (loaded.backend === "webgpu") {
+        post({
+          type: "warning",
+          id: request.id,
+          message:
+            "the draft model runs on the CPU (simd) beside WebGPU: lean asks it for its guesses synchronously, " +
+            "and WebGPU answers only through the event loop; on a fast GPU speculation by it may be slower than without",
+        });
+      }
+      post({ type: "draftLoaded", id: request.id, draftModel });
+      return;
+    }
   }
 }
 
@@ -182,7 +202,7 @@ async function load(request: LoadRequest): Promise<void> {
   }
 
   engine = await makeEngine(request, decision.backend);
-  loaded = { request, backend: decision.backend };
+  loaded = { request, backend: decision.backend, draft: null };
   if (decision.backend === "webgpu" && request.testHooks?.loseDeviceAfterPasses !== undefined) {
     engine.loseDevice(request.testHooks.loseDeviceAfterPasses);
   }
@@ -195,21 +215,22 @@ async function load(request: LoadRequest): Promise<void> {
   });
 }
 
-/** Reads the model files of `request` (from Cache Storage, the network, the Blob or bytes given) into an engine on `backend`. */
-async function makeEngine(request: LoadRequest, backend: Backend): Promise<WasmEngineHandle> {
-  const module = wasm;
-  if (!module) throw new Error("no wasm module is loaded");
+/** Opens a model file: from Cache Storage, the network, or the Blob or bytes given. */
+function openFile(module: WasmModule, file: WireFile, cacheName: string | null, id: number): Promise<OpenedFile> {
   const deps = {
     fetch: globalThis.fetch.bind(globalThis),
     caches: globalThis.caches as CacheStorage | undefined,
     // Downloads are verified with the module's SHA-256 (RustCrypto's sha2).
     sha256: () => new module.Sha256(),
   };
-  const options = {
-    cacheName: request.cacheName,
-    warn: (message: string) => post({ type: "warning", id: request.id, message }),
-  };
-  const open = (file: WireFile) => openModelFile(file, deps, options);
+  return openModelFile(file, deps, { cacheName, warn: (message: string) => post({ type: "warning", id, message }) });
+}
+
+/** Reads the model files of `request` (from Cache Storage, the network, the Blob or bytes given) into an engine on `backend`. */
+async function makeEngine(request: LoadRequest, backend: Backend): Promise<WasmEngineHandle> {
+  const module = wasm;
+  if (!module) throw new Error("no wasm module is loaded");
+  const open = (file: WireFile) => openFile(module, file, request.cacheName, request.id);
   const { model } = request;
   // The small files first: a wrong tokenizer URL fails before a long download. Without a
   // tokenizer.json the engine builds the tokenizer from the GGUF's metadata.
@@ -236,6 +257,24 @@ async function makeEngine(request: LoadRequest, backend: Backend): Promise<WasmE
   }
   const loader = await streamInto(async (size) => new module.ModelLoader(size), model.gguf, gguf, request.id);
   return loader.finish(tokenizer, config, template, request.contextLength);
+}
+
+/**
+ * Streams the draft model's GGUF into wasm memory and gives it to `wasmEngine`, on the CPU (the
+ * engine's draft model guesses synchronously); returns it and its session in words. A model of
+ * another vocabulary is refused (the engine names the first difference), the file named.
+ */
+async function addDraft(wasmEngine: WasmEngineHandle, file: WireFile, cacheName: string | null, id: number): Promise<string> {
+  const module = wasm;
+  if (!module) throw new Error("no wasm module is loaded");
+  const opened = await openFile(module, file, cacheName, id);
+  const loader = await streamInto(async (size) => new module.ModelLoader(size), file, opened, id, "draft");
+  try {
+    return wasmEngine.setDraftModel(loader);
+  } catch (e) {
+    if (e instanceof WebAssembly.RuntimeError || !(e instanceof Error)) throw e;
+    throw leanError(e.name, `the draft model ${file.name}: ${e.message}`);
+  }
 }
 
 /**
@@ -266,7 +305,16 @@ async function fallBackToCpu(id: number, why: string): Promise<WasmEngineHandle>
   const backend: Backend = "simd";
   const cpu = await makeEngine(loaded.request, backend);
   engine = cpu;
-  loaded = { request: loaded.request, backend };
+  loaded = { ...loaded, backend };
+  if (loaded.draft) {
+    try {
+      await addDraft(cpu, loaded.draft, loaded.request.cacheName, id);
+    } catch (e) {
+      // The generation goes on without it: the same tokens, only no guesses.
+      loaded = { ...loaded, draft: null };
+      post({ type: "warning", id, message: `the draft model could not be read again for the CPU engine: ${e instanceof Error ? e.message : String(e)}` });
+    }
+  }
   post({
     type: "backendChange",
     id,
@@ -328,6 +376,7 @@ async function streamInto<Loader extends ChunkSink>(
   file: WireFile,
   opened: OpenedFile,
   id: number,
+  role: ModelFileRole = "gguf",
 ): Promise<Loader> {
   const push = (loader: Loader, chunk: Uint8Array) => {
     for (let at = 0; at < chunk.length; at += MAX_PUSH_BYTES) {
@@ -340,13 +389,13 @@ async function streamInto<Loader extends ChunkSink>(
       id,
       message: `${file.name}: the server sends no Content-Length, so the model is held twice while it loads`,
     });
-    const bytes = await readAll("gguf", file, opened, id);
+    const bytes = await readAll(role, file, opened, id);
     const loader = await create(bytes.length);
     push(loader, bytes);
     return loader;
   }
   const loader = await create(opened.size);
-  const progress = progressReporter("gguf", file, opened, id);
+  const progress = progressReporter(role, file, opened, id);
   try {
     await opened.read((chunk) => push(loader, chunk), progress);
   } catch (e) {
@@ -373,6 +422,7 @@ function modelInfo(json: string): ModelInfo {
     eosTokenIds: i.eos_token_ids as number[],
     hasChatTemplate: i.has_chat_template as boolean,
     tokenizerFromGguf: i.tokenizer_from_gguf === true,
+    draftModel: (i.draft_model as string | null | undefined) ?? null,
     cachedTokens: 0,
   };
 }
@@ -394,6 +444,9 @@ async function generate(id: number, prompt: WirePrompt, params: GenerateParams):
   if (active) throw new Error(`generation ${active.id} is still running`);
   const stop = new StopMatcher(params.stop ?? []);
   const engineOptions = toEngineOptions(params);
+  if (engineOptions.draft !== undefined && !loaded?.draft) {
+    throw new Error("speculative.draft needs a draft model: load one first (engine.loadDraft, or createEngine's draft option)");
+  }
   const options = JSON.stringify(engineOptions);
   const state = { id, cancelled: false };
   active = state;
@@ -410,8 +463,10 @@ async function generate(id: number, prompt: WirePrompt, params: GenerateParams):
     wasmEngine = await fallBackToCpu(id, why);
     if (!resumable) throw leanError(ErrorName.DeviceLost, `${why}: the engine runs on the CPU now; generate again`);
     const resumed = promptIds === null ? JSON.stringify(prompt) : JSON.stringify({ ids: [...promptIds, ...generatedIds] });
-    const rest = JSON.stringify({ ...engineOptions, max_tokens: maxTokens - generatedIds.length });
-    return JSON.parse(await untilTrapped(wasmEngine.begin(resumed, promptIds === null ? options : rest))) as {
+    // Without the draft model (it could not be read again) plain decoding gives the same tokens.
+    const onCpu = loaded?.draft ? engineOptions : { ...engineOptions, draft: undefined };
+    const rest = JSON.stringify(promptIds === null ? onCpu : { ...onCpu, max_tokens: maxTokens - generatedIds.length });
+    return JSON.parse(await untilTrapped(wasmEngine.begin(resumed, rest))) as {
       prompt_ids: number[];
       cached_tokens: number;
     };

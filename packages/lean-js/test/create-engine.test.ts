@@ -20,17 +20,21 @@ const info: ModelInfo = {
   eosTokenIds: [2],
   hasChatTemplate: true,
   tokenizerFromGguf: true,
+  draftModel: null,
   cachedTokens: 0,
 };
 
 /** Every worker createEngine made, with the requests and transfer lists it was sent. */
 const workers: FakeWorker[] = [];
+/** How a fake worker answers a loadDraft. */
+let draftReply = (id: number): Reply => ({ type: "draftLoaded", id, draftModel: "draft on cpu" });
 
 class FakeWorker {
   onmessage: ((event: MessageEvent<Reply>) => void) | null = null;
   onerror: ((event: ErrorEvent) => void) | null = null;
   requests: Request[] = [];
   transfers: Transferable[][] = [];
+  terminated = false;
   constructor(
     readonly url: URL,
     readonly options: WorkerOptions,
@@ -47,8 +51,13 @@ class FakeWorker {
         } as MessageEvent<Reply>),
       );
     }
+    if (message.type === "loadDraft") {
+      queueMicrotask(() => this.onmessage?.({ data: draftReply(message.id) } as MessageEvent<Reply>));
+    }
   }
-  terminate() {}
+  terminate() {
+    this.terminated = true;
+  }
 }
 
 beforeEach(() => {
@@ -209,5 +218,43 @@ describe("createEngine: TypeErrors for a bad model spec, before any worker start
   it("an unknown catalog id, with a hint when it looks like a file", async () => {
     await rejects("gpt-5", /^unknown model id 'gpt-5' \(known: .*smollm2-135m-instruct-q4_0.*\)$/);
     await rejects("models/m.gguf", /; for a GGUF file give model: \{ gguf: "models\/m\.gguf" \}$/);
+  });
+});
+
+describe("createEngine: a draft model", () => {
+  it("loads it after the model (a catalog id, from modelBaseUrl) and says so in info.draftModel", async () => {
+    const engine = await createEngine({ cache: false, model: "smollm2-135m-instruct-q4_0", draft: "smollm2-135m-instruct-q8_0" });
+    const [worker] = workers;
+    expect(worker!.requests.map((r) => r.type)).toEqual(["load", "loadDraft"]);
+    const request = worker!.requests[1] as Extract<Request, { type: "loadDraft" }>;
+    expect(request.draft).toMatchObject({
+      name: "http://127.0.0.1:5173/app/models/smollm2-135m-instruct-q8_0.gguf",
+      size: 144811072,
+      sha256: "0c1d3326cd9793cfb7296113c063dd5c24e2bd734b48ec1a3d01b7158eca9387",
+    });
+    expect(engine.info.draftModel).toBe("draft on cpu");
+    engine.dispose();
+  });
+
+  it("a refused draft model fails the load and ends the worker", async () => {
+    draftReply = (id) => ({ type: "error", id, error: { name: "Error", message: "the draft model's vocabulary has 151936 tokens" }, fatal: false });
+    try {
+      await expect(createEngine({ cache: false, model: { gguf: "m.gguf" }, draft: { gguf: "d.gguf" } })).rejects.toThrow(
+        "the draft model's vocabulary has 151936 tokens",
+      );
+      expect(workers[0]!.terminated).toBe(true);
+    } finally {
+      draftReply = (id) => ({ type: "draftLoaded", id, draftModel: "draft on cpu" });
+    }
+  });
+
+  it("a malformed draft spec is a TypeError before any worker starts", async () => {
+    await expect(createEngine({ model: { gguf: "m.gguf" }, draft: "d.gguf" })).rejects.toThrow(
+      expect.objectContaining({ name: "TypeError", message: expect.stringMatching(/^unknown draft model id 'd\.gguf'/) }),
+    );
+    await expect(createEngine({ model: { gguf: "m.gguf" }, draft: { gguf: "d.gguf", sha: "x" } as never })).rejects.toThrow(
+      "unknown field 'sha' in draft (known: gguf, sha256)",
+    );
+    expect(workers).toHaveLength(0);
   });
 });

@@ -18,6 +18,7 @@ const info: ModelInfo = {
   eosTokenIds: [2],
   hasChatTemplate: true,
   tokenizerFromGguf: false,
+  draftModel: null,
   cachedTokens: 0,
 };
 
@@ -416,6 +417,102 @@ describe("Engine failure and disposal", () => {
   });
 });
 
+describe("Engine.loadDraft", () => {
+  /** An engine of its own `info` (loadDraft writes `info.draftModel`). */
+  async function startedAlone(): Promise<{ engine: Engine; worker: FakeWorker }> {
+    const worker = new FakeWorker();
+    const pending = Engine.start(worker, load);
+    worker.reply({ type: "loaded", id: 0, backend: "simd", backendReason: "test", info: { ...info } });
+    return { engine: await pending, worker };
+  }
+
+  it("sends the catalog's file, passes progress and warnings on, and keeps info.draftModel", async () => {
+    const { engine, worker } = await startedAlone();
+    const progress: unknown[] = [];
+    const warnings: string[] = [];
+    const loading = engine.loadDraft("smollm2-135m-instruct-q8_0", {
+      modelBaseUrl: "https://example.com/models/",
+      onProgress: (p) => progress.push(p),
+      onWarning: (m) => warnings.push(m),
+    });
+    await flush();
+    const request = worker.last("loadDraft");
+    expect(request.draft).toEqual({
+      name: "https://example.com/models/smollm2-135m-instruct-q8_0.gguf",
+      source: { url: "https://example.com/models/smollm2-135m-instruct-q8_0.gguf" },
+      size: 144811072,
+      sha256: "0c1d3326cd9793cfb7296113c063dd5c24e2bd734b48ec1a3d01b7158eca9387",
+    });
+    const p = { file: "draft", name: request.draft.name, loaded: 4, total: 144811072, source: "network" } as const;
+    worker.reply({ type: "progress", id: request.id, progress: p });
+    worker.reply({ type: "warning", id: request.id, message: "not cached" });
+    expect(engine.info.draftModel).toBeNull();
+    worker.reply({ type: "draftLoaded", id: request.id, draftModel: "llama · Q8_0 on cpu" });
+    expect(await loading).toBe("llama · Q8_0 on cpu");
+    expect(engine.info.draftModel).toBe("llama · Q8_0 on cpu");
+    expect(progress).toEqual([p]);
+    expect(warnings).toEqual(["not cached"]);
+  });
+
+  it("runs after the generations queued before it; those queued after wait for it", async () => {
+    const { engine, worker } = await startedAlone();
+    const before = engine.generate("a");
+    const loading = engine.loadDraft({ gguf: "https://example.com/d.gguf", sha256: "AB".repeat(32) });
+    const after = engine.generate("b", { speculative: { draft: 4 } });
+    await flush();
+    expect(worker.of("loadDraft")).toHaveLength(0);
+    const first = worker.last("generate");
+    worker.reply({ type: "done", id: first.id, result: result("stop", [1]), cachedTokens: 0 });
+    await before.result;
+    await flush();
+    const request = worker.last("loadDraft");
+    expect(request.draft).toEqual({
+      name: "https://example.com/d.gguf",
+      source: { url: "https://example.com/d.gguf" },
+      size: null,
+      sha256: "ab".repeat(32),
+    });
+    expect(worker.of("generate")).toHaveLength(1);
+    worker.reply({ type: "draftLoaded", id: request.id, draftModel: "d" });
+    await loading;
+    await flush();
+    expect(worker.last("generate").params).toEqual({ speculative: { draft: 4 } });
+    worker.reply({ type: "done", id: worker.last("generate").id, result: result("stop", [2]), cachedTokens: 0 });
+    await after.result;
+  });
+
+  it("a refused draft model rejects with the worker's error; the engine keeps what it had and stays usable", async () => {
+    const { engine, worker } = await startedAlone();
+    const bytes = new ArrayBuffer(8);
+    const loading = engine.loadDraft({ gguf: bytes });
+    await flush();
+    const request = worker.last("loadDraft");
+    expect(request.draft).toEqual({ name: "draft (ArrayBuffer)", source: { bytes }, size: null, sha256: null });
+    expect(worker.transfers.at(-1)).toEqual([bytes]);
+    const message = "the draft model draft (ArrayBuffer): invalid argument: the draft model's vocabulary has 151936 tokens, the model's 49152";
+    worker.reply({ type: "error", id: request.id, error: { name: "Error", message }, fatal: false });
+    await expect(loading).rejects.toThrow(message);
+    expect(engine).toMatchObject({ usable: true, info: { draftModel: null } });
+    const next = engine.generate("c");
+    await flush();
+    worker.reply({ type: "done", id: worker.last("generate").id, result: result("stop", [3]), cachedTokens: 0 });
+    expect((await next.result).tokenIds).toEqual([3]);
+  });
+
+  it("a malformed spec is a TypeError before anything is sent", async () => {
+    const { engine, worker } = await startedAlone();
+    const refused = (draft: unknown) => engine.loadDraft(draft as never);
+    await expect(refused("gpt-5")).rejects.toThrow(/^unknown draft model id 'gpt-5' \(known: .*\)/);
+    await expect(refused("d.gguf")).rejects.toThrow(/; for a GGUF file give draft: \{ gguf: "d\.gguf" \}$/);
+    await expect(refused(new Blob([]))).rejects.toThrow(new TypeError("draft must be a catalog id or { gguf, sha256? }, got Blob"));
+    await expect(refused({})).rejects.toThrow(/^draft\.gguf is required/);
+    await expect(refused({ gguf: 3 })).rejects.toThrow(/^draft\.gguf must be a URL \(string or URL\), File, Blob, ArrayBuffer or Uint8Array, got number$/);
+    await expect(refused({ gguf: "d.gguf", tokenizer: "t.json" })).rejects.toThrow("unknown field 'tokenizer' in draft (known: gguf, sha256)");
+    await expect(refused({ gguf: "d.gguf", sha256: "abc" })).rejects.toThrow('draft.sha256 must be 64 hex digits, got "abc"');
+    expect(worker.of("loadDraft")).toHaveLength(0);
+  });
+});
+
 describe("protocol helpers", () => {
   it("errors keep their name and message across the boundary", () => {
     const error = new RangeError("too far");
@@ -451,14 +548,25 @@ describe("protocol helpers", () => {
     expect(() => toEngineOptions({ seed: 2 ** 60 })).toThrow(/seed must be at most/);
   });
 
-  it("maps speculative decoding to the engine's lookup and refuses malformed ones", () => {
+  it("maps speculative decoding to the engine's lookup and draft, and refuses malformed ones", () => {
     expect(toEngineOptions({ speculative: { lookup: 6 } })).toEqual({ lookup: 6 });
     expect(() => toEngineOptions({ speculative: { lookup: 0 } })).toThrow(/at least 1/);
     expect(() => toEngineOptions({ speculative: { lookup: 2.5 } })).toThrow(/whole number/);
-    expect(() => toEngineOptions({ speculative: { draft: "x" } as never })).toThrow(/lookup\?: n/);
     expect(toEngineOptions({ speculative: { prediction: "def f():" } })).toEqual({ prediction: "def f():" });
-    expect(() => toEngineOptions({ speculative: {} })).toThrow(/lookup\?: n/);
+    expect(() => toEngineOptions({ speculative: {} })).toThrow(/lookup\?: n.*\{ draft: n \}/);
     expect(() => toEngineOptions({ speculative: null as never })).toThrow(/lookup\?: n/);
+    expect(() => toEngineOptions({ speculative: { drafts: 4 } as never })).toThrow(/lookup\?: n.*\{ draft: n \}/);
+    // A draft model's guesses: `draft` in the engine's options, its length a whole number ≥ 1.
+    expect(toEngineOptions({ maxTokens: 9, speculative: { draft: 4 } })).toEqual({ max_tokens: 9, draft: 4 });
+    const bad = (speculative: unknown) => () => toEngineOptions({ speculative: speculative as never });
+    expect(bad({ draft: "x" })).toThrow(new TypeError("speculative.draft must be a finite number, got x"));
+    expect(bad({ draft: 2.5 })).toThrow(new TypeError("speculative.draft must be a whole number ≥ 0, got 2.5"));
+    expect(bad({ draft: 0 })).toThrow(new TypeError("speculative.draft must be at least 1"));
+    expect(bad({ draft: 4, lookup: 4 })).toThrow(/speculative.draft does not combine with lookup or prediction/);
+    expect(bad({ draft: 4, prediction: "x" })).toThrow(/speculative.draft does not combine with lookup or prediction/);
+    expect(() => toEngineOptions({ responseFormat: { type: "json_object" }, speculative: { draft: 4 } })).toThrow(
+      /responseFormat does not combine with speculative decoding/,
+    );
   });
 });
 
@@ -756,8 +864,18 @@ describe("tools (tool calls)", () => {
     expect(() => toEngineOptions({ tools: [weather], toolChoice: "required", speculative: { lookup: 4 } })).toThrow(
       /does not combine with speculative decoding/,
     );
+    for (const toolChoice of ["required", { type: "function", function: { name: "get_weather" } }] as const) {
+      let error: unknown;
+      try {
+        toEngineOptions({ tools: [weather], toolChoice, speculative: { draft: 4 } });
+      } catch (e) {
+        error = e;
+      }
+      expect(error).toMatchObject({ name: ErrorName.Tool, message: expect.stringMatching(/does not combine with speculative decoding/) });
+    }
     // A model-chosen call combines with both.
     expect(toEngineOptions({ tools: [weather], speculative: { lookup: 4 } })).toMatchObject({ lookup: 4, tools: [weather] });
+    expect(toEngineOptions({ tools: [weather], speculative: { draft: 4 } })).toMatchObject({ draft: 4, tools: [weather] });
   });
 
   it("sends calls and tool results as messages; tools with a raw prompt are a ToolError", async () => {

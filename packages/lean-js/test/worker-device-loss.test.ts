@@ -2,7 +2,8 @@
 // is deterministic (each next id is the last one plus 1): the WebGPU engine's step fails with a
 // DeviceLostError after some tokens; the worker reads the model again into a CPU engine, begins it
 // on the prompt ids and the tokens streamed so far with the tokens left, and the same request
-// streams on: every id once, in order, then one result with all of them. The real engines run in
+// streams on: every id once, in order, then one result with all of them; a draft model loaded
+// before is read again for the CPU engine, which goes on speculating. The real engines run in
 // tests/device-loss.spec.js (Chromium) and lean-gpu's tests/device_loss.rs.
 import { beforeAll, describe, expect, it, vi } from "vitest";
 import type { Reply, Request } from "../src/protocol.js";
@@ -11,6 +12,8 @@ import type { WasmEngineHandle, WasmModule } from "../src/wasm-types.js";
 /** Steps the WebGPU engine makes before its device is lost. */
 let gpuStepsBeforeLoss = 3;
 const begun: { backend: string; prompt: unknown; options: Record<string, unknown> }[] = [];
+/** The engines given a draft model, and the bytes it had. */
+const drafts: { backend: string; bytes: number }[] = [];
 
 function fakeEngine(backend: "gpu" | "cpu"): WasmEngineHandle {
   let ids: number[] = [];
@@ -18,6 +21,7 @@ function fakeEngine(backend: "gpu" | "cpu"): WasmEngineHandle {
   let max = 0;
   let steps = 0;
   let lost = false;
+  let draft: string | null = null;
   return {
     info: () =>
       JSON.stringify({
@@ -33,6 +37,7 @@ function fakeEngine(backend: "gpu" | "cpu"): WasmEngineHandle {
         eos_token: null,
         eos_token_ids: [],
         has_chat_template: false,
+        draft_model: draft,
       }),
     begin: async (promptJson, optionsJson) => {
       const prompt = JSON.parse(promptJson) as { raw?: string; ids?: number[] };
@@ -72,6 +77,11 @@ function fakeEngine(backend: "gpu" | "cpu"): WasmEngineHandle {
     resetCache: () => {},
     deviceLost: () => (lost ? "Destroyed" : undefined),
     loseDevice: () => backend === "gpu",
+    setDraftModel: (loader) => {
+      drafts.push({ backend, bytes: loader.received });
+      draft = `fake draft beside ${backend}`;
+      return draft;
+    },
     free: () => {},
   };
 }
@@ -113,7 +123,7 @@ const scope = globalThis as unknown as { postMessage(r: Reply): void; onmessage:
 /** Sends `request` and waits for the reply that ends it; returns every reply to it. */
 async function send(request: Request): Promise<Reply[]> {
   const before = replies.length;
-  const ends = (r: Reply) => r.id === request.id && ["loaded", "done", "error"].includes(r.type);
+  const ends = (r: Reply) => r.id === request.id && ["loaded", "draftLoaded", "done", "error"].includes(r.type);
   scope.onmessage!({ data: request });
   await vi.waitFor(() => {
     if (!replies.slice(before).some(ends)) throw new Error("no reply yet");
@@ -141,14 +151,24 @@ beforeAll(async () => {
 
 describe("a WebGPU device lost mid-generation", () => {
   it("goes on on a CPU engine: every id once, in order, and the backend change is announced", async () => {
-    const out = await send({ type: "generate", id: 1, prompt: { raw: "Hi" }, params: { maxTokens: 7 } });
+    // A draft model, which the CPU engine gets too: the generation goes on speculating.
+    const draftReplies = await send({ type: "loadDraft", id: 9, draft: bytes(5) });
+    expect(draftReplies.at(-1)).toEqual({ type: "draftLoaded", id: 9, draftModel: "fake draft beside gpu" });
+    expect(draftReplies.some((r) => r.type === "warning" && /draft model runs on the CPU/.test(r.message))).toBe(true);
+    const params = { maxTokens: 7, speculative: { draft: 4 } };
+    const out = await send({ type: "generate", id: 1, prompt: { raw: "Hi" }, params });
     const streamed = out.flatMap((r) => (r.type === "tokens" ? r.tokens.map((t) => t.tokenId) : []));
     expect(streamed).toEqual([3, 4, 5, 6, 7, 8, 9]);
     const change = out.find((r) => r.type === "backendChange");
     expect(change).toMatchObject({ type: "backendChange", backend: "simd" });
     expect((change as Extract<Reply, { type: "backendChange" }>).backendReason).toMatch(/WebGPU device was lost/);
     // The CPU engine began on the prompt and the 3 tokens streamed, for the 4 left.
-    expect(begun.at(-1)).toMatchObject({ backend: "cpu", prompt: { ids: [1, 2, 3, 4, 5] }, options: { max_tokens: 4 } });
+    expect(begun.at(-1)).toMatchObject({ backend: "cpu", prompt: { ids: [1, 2, 3, 4, 5] }, options: { max_tokens: 4, draft: 4 } });
+    expect(drafts).toEqual([
+      { backend: "gpu", bytes: 5 },
+      { backend: "cpu", bytes: 5 },
+    ]);
+    expect((change as Extract<Reply, { type: "backendChange" }>).info.draftModel).toBe("fake draft beside cpu");
     const done = out.at(-1) as Extract<Reply, { type: "done" }>;
     expect(done.type).toBe("done");
     expect(done.result.tokenIds).toEqual([3, 4, 5, 6, 7, 8, 9]);

@@ -52,6 +52,7 @@ const fakeEngine = {
   resetCache: () => {},
   deviceLost: () => undefined,
   loseDevice: () => false,
+  setDraftModel: () => "fake draft",
   free: () => {},
 };
 

@@ -294,6 +294,19 @@ fn load(
     Ok((model, tokenizer, ctx))
 }
 
+/// Checks that wasm memory can hold the f32 KV cache of a CPU session of `ctx` positions, so
+/// that running out is a readable error (see `reserve`). `whose`: "the " or "the draft model's ".
+fn reserve_kv_cache(model: &Model, ctx: usize, whose: &str) -> Result<(), JsError> {
+    let c = &model.config;
+    let kv_bytes = 2 * c.n_layers * c.n_kv_heads * c.head_dim * ctx * size_of::<f32>();
+    // Freed at once; the allocator hands the grown memory to the KV cache right after.
+    drop(reserve(
+        kv_bytes,
+        &format!("{whose}KV cache of {ctx} tokens"),
+    )?);
+    Ok(())
+}
+
 /// tokenizer.json, with tokenizer_config.json and a chat template when given.
 fn tokenizer_from_files(
     tokenizer_json: &[u8],
@@ -421,6 +434,9 @@ struct OptionsJson {
     stop_token_ids: Option<Vec<u32>>,
     /// Speculative decoding by prompt lookup: guesses of up to this many tokens.
     lookup: Option<usize>,
+    /// Speculative decoding by the engine's draft model (`setDraftModel`): guesses of up to
+    /// this many tokens. Not with `lookup` or `prediction`.
+    draft: Option<usize>,
     /// Text the output is expected to resemble: speculative decoding's first source of guesses
     /// (of up to `lookup` tokens, default 8).
     prediction: Option<String>,
@@ -471,6 +487,7 @@ impl Default for OptionsJson {
             seed: s.seed,
             stop_token_ids: options.stop_token_ids,
             lookup: None,
+            draft: None,
             prediction: None,
             constraint: None,
             tools: None,
@@ -493,7 +510,11 @@ impl From<OptionsJson> for GenerateOptions {
             },
             stop_token_ids: o.stop_token_ids,
             constraint: o.constraint.map(ConstraintSpec::from),
-            speculation: o.lookup.map(lean::Speculation::lookup),
+            // `request` refuses both at once.
+            speculation: o
+                .lookup
+                .map(lean::Speculation::lookup)
+                .or(o.draft.map(lean::Speculation::draft_model)),
         }
     }
 }
@@ -594,6 +615,8 @@ struct InfoJson {
     has_chat_template: bool,
     /// The tokenizer (and chat template) came from the GGUF's metadata: no tokenizer.json given.
     tokenizer_from_gguf: bool,
+    /// The draft model and its backend, in one line, once `setDraftModel` gave one.
+    draft_model: Option<String>,
 }
 
 #[wasm_bindgen]
@@ -692,10 +715,7 @@ impl WasmEngine {
             chat_template,
             context_length,
         )?;
-        let c = &model.config;
-        let kv_bytes = 2 * c.n_layers * c.n_kv_heads * c.head_dim * ctx * size_of::<f32>();
-        // Freed at once; the allocator hands the grown memory to the KV cache right after.
-        drop(reserve(kv_bytes, &format!("the KV cache of {ctx} tokens"))?);
+        reserve_kv_cache(&model, ctx, "the ")?;
         let engine = Engine::with_backend(model, tokenizer, ctx, |model, ctx| {
             Ok(Box::new(CpuSession::new(model, ctx)) as Box<dyn Session>)
         })
@@ -705,7 +725,7 @@ impl WasmEngine {
 
     /// The model and engine as JSON: `{architecture, description, backend, context_length,
     /// train_context_length, vocab_size, file_bytes, kv_cache_bytes, bos_token, eos_token,
-    /// eos_token_ids, has_chat_template, tokenizer_from_gguf}`.
+    /// eos_token_ids, has_chat_template, tokenizer_from_gguf, draft_model}`.
     pub fn info(&self) -> Result<String, JsError> {
         let state = self.state()?;
         let (model, tokenizer) = (&state.engine.model, &state.engine.tokenizer);
@@ -724,6 +744,7 @@ impl WasmEngine {
             eos_token_ids: tokenizer.eos_token_ids(),
             has_chat_template: tokenizer.has_chat_template(),
             tokenizer_from_gguf: tokenizer.is_from_gguf(),
+            draft_model: state.engine.draft_model(),
         };
         serde_json::to_string(&info).map_err(js_error)
     }
@@ -733,6 +754,8 @@ impl WasmEngine {
     /// through the model. `options_json` fields are all optional: `max_tokens` (256),
     /// `temperature` (0 = greedy), `top_k`, `top_p`, `min_p`, `repetition_penalty`, `seed`,
     /// `stop_token_ids` (default: the tokenizer's end-of-sequence ids), `lookup`, `prediction`,
+    /// `draft` (guesses of up to this many tokens by the draft model of `setDraftModel`; not
+    /// with `lookup` or `prediction`; without a draft model the engine refuses it),
     /// `constraint` (`{"type": "json_object" | "json_schema" (with "schema") | "regex" (with
     /// "pattern") | "grammar" (with "lark")}`: the output follows it; one the library rejects
     /// fails with an `Error` named `ConstraintError`, the engine stays usable), `tools` and
@@ -957,6 +980,31 @@ impl WasmEngine {
     pub fn context_length(&self) -> Result<u32, JsError> {
         Ok(self.state()?.engine.context_length() as u32)
     }
+
+    /// Gives the engine a draft model for speculative decoding (`draft` in `begin`'s options):
+    /// the GGUF `loader` received (consumed, also when this fails), a smaller model with this
+    /// one's vocabulary (else an error naming the first difference, and any earlier draft model
+    /// stays), with a KV cache of its own of this engine's context length (capped at the draft
+    /// model's). It runs on the CPU, also beside a WebGPU engine: the engine asks the draft
+    /// model for its guesses synchronously, and WebGPU results only arrive through the event
+    /// loop. Replaces an earlier draft model. Returns it and its backend in one line (`info`'s
+    /// `draft_model`).
+    #[wasm_bindgen(js_name = setDraftModel)]
+    pub fn set_draft_model(&self, loader: ModelLoader) -> Result<String, JsError> {
+        let mut state = self.state()?;
+        let model = Model::load(ModelBytes::Owned(loader.complete()?))
+            .map_err(|e| js_error(format!("the draft model: {e}")))?;
+        let ctx =
+            Engine::capped_context(&model, state.engine.context_length()).map_err(js_error)?;
+        reserve_kv_cache(&model, ctx, "the draft model's ")?;
+        state
+            .engine
+            .set_draft_model(model, |model, ctx| {
+                Ok(Box::new(CpuSession::new(model, ctx)) as Box<dyn Session>)
+            })
+            .map_err(js_error)?;
+        Ok(state.engine.draft_model().unwrap_or_default())
+    }
 }
 
 impl WasmEngine {
@@ -991,6 +1039,14 @@ fn request(
         .map_err(|e| js_error(format!("invalid prompt JSON: {e}")))?;
     let mut options: OptionsJson = serde_json::from_str(options_json)
         .map_err(|e| js_error(format!("invalid options JSON: {e}")))?;
+    if options.draft.is_some() && (options.lookup.is_some() || options.prediction.is_some()) {
+        return Err(js_error(LeanError::InvalidArgument(
+            "'draft' does not combine with 'lookup' or 'prediction': the draft model or prompt \
+             lookup guesses, not both"
+                .into(),
+        ))
+        .into());
+    }
     let prediction = match options.prediction.take() {
         Some(text) => Some(engine.tokenizer.encode(&text, false).map_err(js_error)?),
         None => None,

@@ -342,6 +342,43 @@ test("tools: a forced call gives lean-cli's call through generate and begin/step
   assert.deepEqual(again.result.token_ids, c.token_ids.slice(0, 4));
 });
 
+test("a draft model: the same greedy ids with guesses accepted; another vocabulary is refused, naming it", () => {
+  const draftPath = join(models, "smollm2-135m-instruct-q8_0.gguf");
+  if (!existsSync(draftPath)) {
+    if (process.env.CI) throw new Error(`model missing: ${draftPath}`);
+    return;
+  }
+  const target = loadInChunks(ggufBytes, 8 << 20);
+  const run = (options) =>
+    JSON.parse(target.generate(JSON.stringify({ ids: chatShort.prompt_ids }), JSON.stringify(options), () => true));
+  const drafterOf = (bytes) => {
+    const loader = new ModelLoader(bytes.length);
+    loader.push(bytes);
+    return loader;
+  };
+  const options = { max_tokens: chatShort.greedy_ids.length, stop_token_ids: [] };
+  assert.throws(() => run({ ...options, draft: 4 }), /speculation by a draft model needs one: load it first/);
+  assert.throws(() => run({ ...options, draft: 4, lookup: 4 }), /'draft' does not combine with 'lookup' or 'prediction'/);
+  assert.throws(() => target.setDraftModel(drafterOf(ggufBytes.subarray(0, 1000))), /the draft model: .*GGUF/);
+  // The Q4_0 file with one token of its list changed: the first difference is named.
+  const renamed = Buffer.from(ggufBytes);
+  const at = renamed.indexOf("<|endoftext|>");
+  renamed[at + 10] = "T".charCodeAt(0);
+  assert.throws(
+    () => target.setDraftModel(drafterOf(renamed)),
+    /the draft model's token 0 is "<\|endoftexT\|>", the model's "<\|endoftext\|>": a draft model must share the model's tokenizer/,
+  );
+  assert.equal(JSON.parse(target.info()).draft_model, null);
+
+  const described = target.setDraftModel(drafterOf(readFileSync(draftPath)));
+  assert.match(described, / on cpu \(simd128, 1 thread\)$/);
+  assert.equal(JSON.parse(target.info()).draft_model, described);
+  const drafted = run({ ...options, draft: 4 });
+  assert.deepEqual(drafted.token_ids, chatShort.greedy_ids);
+  assert.ok(drafted.speculation.accepted_tokens > 0, JSON.stringify(drafted.speculation));
+  target.free();
+});
+
 test("decode speed (single thread, simd128)", () => {
   const max = 64;
   // No stop ids, so that every run decodes exactly `max` tokens.
