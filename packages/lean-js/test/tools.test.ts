@@ -9,11 +9,11 @@ import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 import { beforeAll, describe, expect, it } from "vitest";
-import { catalogFiles, findModel } from "../src/catalog.js";
+import { findModel } from "../src/catalog.js";
 import { Engine } from "../src/engine.js";
-import type { ChatTurn, Tool, ToolChoice, WireFile } from "../src/protocol.js";
+import type { ChatTurn, Tool, ToolChoice } from "../src/protocol.js";
 import { inProcessWorker, installFileFetch } from "./in-process-worker.js";
-import { modelsDir, repo } from "./models.js";
+import { modelsDir, repo, wireModel } from "./models.js";
 
 const wasmFile = join(import.meta.dirname, "../src/wasm/simd/lean_wasm_bg.wasm");
 const modelId = "smollm2-135m-instruct-q4_0";
@@ -70,14 +70,8 @@ describe.skipIf(missing.length > 0)("tool calls with the wasm engine", () => {
   beforeAll(async () => {
     installFileFetch();
     const model = findModel(modelId)!;
-    const files = Object.fromEntries(
-      catalogFiles(model, pathToFileURL(modelsDir + "/")).map(({ role, file }) => [
-        role,
-        { name: file.url, source: { url: file.url }, size: file.size, sha256: file.sha256 } satisfies WireFile,
-      ]),
-    );
     engine = await Engine.start(await inProcessWorker(), {
-      model: { gguf: files.gguf!, tokenizer: files.tokenizer!, tokenizerConfig: files.tokenizerConfig!, chatTemplate: files.chatTemplate! },
+      model: wireModel(model, pathToFileURL(modelsDir + "/")),
       backend: "simd",
       contextLength: 1024,
       threads: 1,

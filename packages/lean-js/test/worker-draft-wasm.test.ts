@@ -8,11 +8,11 @@ import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 import { beforeAll, describe, expect, it } from "vitest";
-import { catalogFiles, findModel } from "../src/catalog.js";
+import { findModel } from "../src/catalog.js";
 import { Engine } from "../src/engine.js";
-import type { ChatTurn, GenerateParams, GenerationResult, LoadProgress, WireFile } from "../src/protocol.js";
+import type { ChatTurn, GenerateParams, GenerationResult, LoadProgress } from "../src/protocol.js";
 import { inProcessWorker, installFileFetch } from "./in-process-worker.js";
-import { modelsDir, repo } from "./models.js";
+import { modelsDir, repo, wireModel } from "./models.js";
 
 const wasmFile = join(import.meta.dirname, "../src/wasm/simd/lean_wasm_bg.wasm");
 const target = "smollm2-135m-instruct-q4_0";
@@ -31,14 +31,8 @@ describe.skipIf(missing.length > 0)("a draft model on the wasm engine", () => {
   beforeAll(async () => {
     installFileFetch();
     const model = findModel(target)!;
-    const files = Object.fromEntries(
-      catalogFiles(model, modelBaseUrl).map(({ role, file }) => [
-        role,
-        { name: file.url, source: { url: file.url }, size: file.size, sha256: file.sha256 } satisfies WireFile,
-      ]),
-    );
     engine = await Engine.start(await inProcessWorker(), {
-      model: { gguf: files.gguf!, tokenizer: files.tokenizer!, tokenizerConfig: files.tokenizerConfig!, chatTemplate: files.chatTemplate! },
+      model: wireModel(model, modelBaseUrl),
       backend: "simd",
       contextLength: 1024,
       threads: 1,
