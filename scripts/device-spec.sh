@@ -153,8 +153,11 @@ run_verify() {
     setup_there || return 1
     local status=0 out=${OUT:-/tmp}
     echo "=== lean-gpu tests on this GPU"
-    CI=1 "$stash/bin/lean_gpu" --test-threads=1 2>&1 | tail -3 || status=1
-    CI=1 "$stash/bin/kernels" --test-threads=1 2>&1 | tail -3 || status=1
+    # (full logs in $OUT; here the failures and the counts)
+    for t in lean_gpu kernels; do
+        CI=1 "$stash/bin/$t" --test-threads=1 >"$out/test-$t.log" 2>&1 || status=1
+        grep -E "panicked|^test .* FAILED|^test result" "$out/test-$t.log" | head -20
+    done
     for m in $names_there; do
         echo "=== $m"
         for round in 1 2 3; do

@@ -1785,9 +1785,10 @@ fn head_rms_norm_matches_cpu_reference() {
     ));
 }
 
-/// rms_norm_add: residual + rms_norm(input) · w equals the residual plus rms_norm's output
-/// (bit for bit: the same shader arithmetic, then one f32 add), and lean's CPU rms_norm to the
-/// sum's rounding; rows shorter and longer than what the threads hold.
+/// rms_norm_add: residual + rms_norm(input) · w equals the residual plus rms_norm's output to
+/// the roundings of the norm and the sum (the same shader arithmetic, then one f32 add, which a
+/// driver may fuse with the weight's product, skipping the norm's rounding: NVIDIA's does), and
+/// lean's CPU rms_norm to the sum's rounding; rows shorter and longer than what the threads hold.
 #[test]
 fn rms_norm_add_adds_the_norm_into_the_residual() {
     let Some((ctx, kernels)) = gpu() else { return };
@@ -1810,7 +1811,15 @@ fn rms_norm_add_adds_the_norm_into_the_residual() {
         let norm = read_f32(ctx, &nb, width * n_tokens);
         let got = read_f32(ctx, &rb, width * n_tokens);
         let added: Vec<f32> = residual.iter().zip(&norm).map(|(r, n)| r + n).collect();
-        assert_eq!(got, added, "{width} x {n_tokens}");
+        for (i, ((g, a), n)) in got.iter().zip(&added).zip(&norm).enumerate() {
+            // half an ulp of the norm, one of the sum (seen on an H100: 7 ulp of a sum that
+            // cancelled, under one of the residual)
+            let ulp = ((n.abs() + a.abs()) * f32::EPSILON).max(f32::from_bits(1));
+            assert!(
+                (g - a).abs() <= ulp,
+                "{width} x {n_tokens} [{i}]: {g} vs residual + norm {a}"
+            );
+        }
         let mut cpu = vec![0f32; width * n_tokens];
         lean::cpu::ops::rms_norm(&input, &w, eps, &mut cpu);
         for (i, ((&g, &c), &r)) in got.iter().zip(&cpu).zip(&residual).enumerate() {

@@ -342,8 +342,8 @@ impl Kernels {
 
     /// As `attention`, with `tiled` false every token through decode's split-K kernels
     /// (never the tiled prefill one) split as a decoded token is: a few tokens of a
-    /// verification pass, each attending as its decode step would, bit for bit (the queries
-    /// rotated and the keys cached by rope_kv_store, with the fresh path's expressions);
+    /// verification pass, each attending as its decode step would, bit for bit (with `fresh`
+    /// as a decode step: the queries and keys rotated by this kernel's own function);
     /// `partials` then holds `s.partials_len_per_token()` f32.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention_of(

@@ -73,13 +73,16 @@ const NORM: u8 = 1;
 const SILU: u8 = 2;
 const SWIGLU: u8 = 4;
 const GELU: u8 = 8;
+/// Several tokens a dispatch (a verification pass): the one-token pipelines keep their
+/// offsets constant.
+const TOKENS: u8 = 16;
 
 /// The fusions pipelines are made with: any with or without NORM, of none, SILU or SWIGLU, the
-/// last two with or without GELU.
+/// last two with or without GELU; each for one token or several.
 #[cfg(test)]
 fn fusion_sets() -> Vec<u8> {
     let gates = [0, SILU, SILU | GELU, SWIGLU, SWIGLU | GELU];
-    [0, NORM]
+    [0, NORM, TOKENS, NORM | TOKENS]
         .iter()
         .flat_map(|norm| gates.iter().map(move |gate| norm | gate))
         .collect()
@@ -133,7 +136,7 @@ pub struct MatvecExtras<'a> {
 /// The matvec shader of each type; its pipelines, one per workgroup size and fusion (override
 /// constants), are created on first use: of the dozens per type a model uses a few.
 pub(super) struct MatvecShaders {
-    /// Keyed by (index in MATVEC_WORKGROUP_SIZES, fusions: NORM, SILU, SWIGLU, GELU bits).
+    /// Keyed by (index in MATVEC_WORKGROUP_SIZES, fusions: NORM, SILU, SWIGLU, GELU, TOKENS bits).
     shaders: TypedShaders<(usize, u8)>,
     /// How many of MATVEC_WORKGROUP_SIZES the pipelines may use.
     sizes: usize,
@@ -196,7 +199,7 @@ impl MatvecShaders {
 
     /// The override constants of the pipeline with workgroup size
     /// MATVEC_WORKGROUP_SIZES[size] and `fusions`.
-    fn constants(size: usize, fusions: u8) -> [(&'static str, f64); 5] {
+    fn constants(size: usize, fusions: u8) -> [(&'static str, f64); 6] {
         let bit = |b: u8| (fusions & b != 0) as u8 as f64;
         [
             ("WORKGROUP", MATVEC_WORKGROUP_SIZES[size] as f64),
@@ -204,6 +207,7 @@ impl MatvecShaders {
             ("SILU", bit(SILU)),
             ("SWIGLU", bit(SWIGLU)),
             ("GELU", bit(GELU)),
+            ("TOKENS", bit(TOKENS)),
         ]
     }
 
@@ -390,7 +394,8 @@ impl Kernels {
         let fusions = bit(extras.norm.is_some(), NORM)
             | bit(extras.silu_up.is_some(), SILU)
             | bit(extras.swiglu, SWIGLU)
-            | bit(gated && extras.activation.is_gelu(), GELU);
+            | bit(gated && extras.activation.is_gelu(), GELU)
+            | bit(tokens > 1, TOKENS);
         let pipeline = &shaders.pipeline(ctx, m.ty(), size, fusions)?;
         for part in m.parts() {
             let params = MatvecParams {

@@ -106,7 +106,8 @@ fn split_length(len: u32) -> u32 {
 }
 
 // Quad d (elements 4d .. 4d + 4) of the head whose first quad is qkv[head], rotated for
-// position pos with rope_kv_store.wgsl's expressions (fresh).
+// position pos with rope_kv_store.wgsl's expressions (fresh): explicit fmas, so that no driver
+// fuses them differently in the two modules.
 fn rotated(head: u32, d: u32, pos: u32) -> vec4<f32> {
     let x = qkv[head + d];
     let e = 4u * d;
@@ -119,8 +120,8 @@ fn rotated(head: u32, d: u32, pos: u32) -> vec4<f32> {
         // pairs (x, y) and (z, w): pair indices 2d and 2d + 1
         let a = cos_sin[row + 2u * d];
         let b = cos_sin[row + 2u * d + 1u];
-        return vec4<f32>(x.x * a.x + (-x.y) * a.y, x.y * a.x + x.x * a.y,
-                         x.z * b.x + (-x.w) * b.y, x.w * b.x + x.z * b.y);
+        return vec4<f32>(fma(x.x, a.x, -(x.y * a.y)), fma(x.y, a.x, x.x * a.y),
+                         fma(x.z, b.x, -(x.w * b.y)), fma(x.w, b.x, x.z * b.y));
     }
     // Each element pairs with the one half a rotation away: the quad half / 4 quads away.
     let first = e < half;
@@ -133,9 +134,9 @@ fn rotated(head: u32, d: u32, pos: u32) -> vec4<f32> {
     let cs = vec4<f32>(c0.x, c1.x, c2.x, c3.x);
     let sn = vec4<f32>(c0.y, c1.y, c2.y, c3.y);
     if (first) {
-        return x * cs + (-other) * sn;
+        return fma(x, cs, -(other * sn));
     }
-    return x * cs + other * sn;
+    return fma(x, cs, other * sn);
 }
 
 // Quad d of kv head `kv`'s key at the step's position pos (fresh): from its token's qkv row,

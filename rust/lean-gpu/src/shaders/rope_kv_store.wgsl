@@ -7,6 +7,10 @@
 // element each. q, k and v are fields of the token's row of one buffer (each field: its row
 // width and offset). Cache layout from cache_offset: [kv_head][capacity][head_dim], positions
 // step.pos0 .. pos0 + n_tokens.
+// Each rotated element is an explicit fma(x, cos, ±(partner * sin)), here and in attention.wgsl's
+// fresh path: written as x * cos + partner * sin, a driver may fuse either product into the add
+// and choose differently per shader module (on an H100 a decode step's token and the same token
+// of a verification pass then differed in the last bits).
 
 struct Params {
     n_tokens: u32,
@@ -70,8 +74,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
         let cs = cos_sin[pos * half + i];
         let x0 = qkv[base + a];
         let x1 = qkv[base + b];
-        qkv[base + a] = x0 * cs.x + (-x1) * cs.y;
-        qkv[base + b] = x1 * cs.x + x0 * cs.y;
+        qkv[base + a] = fma(x0, cs.x, -(x1 * cs.y));
+        qkv[base + b] = fma(x1, cs.x, x0 * cs.y);
         return;
     }
     let j = (r - q_pairs) % kv_dim;
@@ -107,8 +111,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     let cs = cos_sin[pos * half + i];
     let other = qkv[partner];
     if (first) {
-        keys[at] = x * cs.x + (-other) * cs.y;
+        keys[at] = fma(x, cs.x, -(other * cs.y));
     } else {
-        keys[at] = x * cs.x + other * cs.y;
+        keys[at] = fma(x, cs.x, other * cs.y);
     }
 }
