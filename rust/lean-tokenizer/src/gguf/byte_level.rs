@@ -7,8 +7,7 @@ use std::sync::OnceLock;
 use tokenizers::decoders::byte_level::ByteLevel;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{PreTokenizerWrapper, SplitDelimiterBehavior};
+use tokenizers::PreTokenizerWrapper;
 
 use super::GgufVocab;
 use crate::TokenizerError;
@@ -110,12 +109,8 @@ pub(super) fn build(vocab: &GgufVocab) -> Result<tokenizers::Tokenizer, Tokenize
             tokenizer.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
         }
         Some(regex) => {
-            let split = Split::new(
-                SplitPattern::Regex(regex.into()),
-                SplitDelimiterBehavior::Isolated,
-                false,
-            )
-            .map_err(|e| TokenizerError::Gguf(format!("pre-tokenizer regex: {e}")))?;
+            let split = crate::constant_regex_split(regex)
+                .map_err(|e| TokenizerError::Gguf(format!("pre-tokenizer regex: {e}")))?;
             tokenizer.with_pre_tokenizer(Some(Sequence::new(vec![
                 PreTokenizerWrapper::Split(split),
                 PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, false)),
