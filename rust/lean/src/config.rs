@@ -269,6 +269,15 @@ impl ModelConfig {
             .map(|t| t.rows())
             .ok_or_else(|| LeanError::Model("tensor 'token_embd.weight' is missing".into()))?;
         let n_layers = gguf.u32(&key("block_count"))? as usize;
+        // Each block has tensors of its own: a count past the file's tensors is a lie, and the
+        // architecture files size their per-layer tables by it (a fuzzed file claiming 4
+        // billion blocks made load abort on a 26 GB allocation).
+        if n_layers > gguf.tensors.len() {
+            return Err(LeanError::Model(format!(
+                "{a}.block_count ({n_layers}) is more than the file's {} tensors: each block has tensors of its own",
+                gguf.tensors.len()
+            )));
+        }
         let hyper = Hyper {
             gguf,
             vector,

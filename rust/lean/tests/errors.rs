@@ -60,6 +60,39 @@ fn missing_tensor_and_unknown_architecture_are_named() {
     assert!(err.to_string().contains("mamba"), "{err}");
 }
 
+/// A block count past the file's tensors is refused by name before anything is sized by it
+/// (fuzzing found a file claiming ~4 billion blocks that made load abort on a 26 GB
+/// allocation: `fuzz/corpus/model/block-count-past-tensors-*`).
+#[test]
+fn a_block_count_past_the_tensors_is_refused() {
+    use lean::synthetic::{reduced_gguf, SyntheticShape, SyntheticWeights};
+    for shape in [SyntheticShape::SmolLm2_360M, SyntheticShape::Qwen3_1_7B] {
+        let bytes = reduced_gguf(shape, SyntheticWeights::Q8_0, 1, 7).unwrap();
+        let gguf = lean::gguf::Gguf::parse(&bytes).unwrap();
+        let arch = gguf.architecture().unwrap().to_string();
+        for claimed in [4_000_000_000u32, gguf.tensors.len() as u32 + 1] {
+            let mut w = lean::gguf::GgufWriter::new();
+            for (k, v) in gguf.metadata.iter() {
+                let v = if *k == format!("{arch}.block_count") {
+                    lean::gguf::Value::U32(claimed)
+                } else {
+                    v.clone()
+                };
+                w.add(k, v);
+            }
+            for t in &gguf.tensors {
+                w.add_tensor(&t.name, t.ty, &t.dims, gguf.tensor_data(&bytes, t).to_vec());
+            }
+            let err = load(w.finish().unwrap()).err().expect("rejected");
+            let message = err.to_string();
+            assert!(matches!(err, LeanError::Model(_)), "{message}");
+            for part in ["block_count", &claimed.to_string()] {
+                assert!(message.contains(part), "{message} should name {part}");
+            }
+        }
+    }
+}
+
 #[test]
 fn a_vocabulary_longer_than_the_embedding_is_refused() {
     let Some(models) = common::models_dir() else {
