@@ -7,6 +7,19 @@ fn load(bytes: Vec<u8>) -> Result<Model, LeanError> {
     Model::load(ModelBytes::Owned(bytes))
 }
 
+/// The GGUF `bytes` with metadata `key` set to `value`, everything else as it was.
+fn with_metadata(bytes: &[u8], key: &str, value: lean::gguf::Value) -> Vec<u8> {
+    let gguf = lean::gguf::Gguf::parse(bytes).unwrap();
+    let mut w = lean::gguf::GgufWriter::new();
+    for (k, v) in gguf.metadata.iter() {
+        w.add(k, if k == key { value.clone() } else { v.clone() });
+    }
+    for t in &gguf.tensors {
+        w.add_tensor(&t.name, t.ty, &t.dims, gguf.tensor_data(bytes, t).to_vec());
+    }
+    w.finish().unwrap()
+}
+
 #[test]
 fn corrupt_and_truncated_files_are_gguf_errors() {
     let err = load(b"not a gguf file at all".to_vec())
@@ -71,19 +84,9 @@ fn a_block_count_past_the_tensors_is_refused() {
         let gguf = lean::gguf::Gguf::parse(&bytes).unwrap();
         let arch = gguf.architecture().unwrap().to_string();
         for claimed in [4_000_000_000u32, gguf.tensors.len() as u32 + 1] {
-            let mut w = lean::gguf::GgufWriter::new();
-            for (k, v) in gguf.metadata.iter() {
-                let v = if *k == format!("{arch}.block_count") {
-                    lean::gguf::Value::U32(claimed)
-                } else {
-                    v.clone()
-                };
-                w.add(k, v);
-            }
-            for t in &gguf.tensors {
-                w.add_tensor(&t.name, t.ty, &t.dims, gguf.tensor_data(&bytes, t).to_vec());
-            }
-            let err = load(w.finish().unwrap()).err().expect("rejected");
+            let key = format!("{arch}.block_count");
+            let lying = with_metadata(&bytes, &key, lean::gguf::Value::U32(claimed));
+            let err = load(lying).err().expect("rejected");
             let message = err.to_string();
             assert!(matches!(err, LeanError::Model(_)), "{message}");
             for part in ["block_count", &claimed.to_string()] {
@@ -107,24 +110,15 @@ fn a_vocabulary_longer_than_the_embedding_is_refused() {
         rows,
         "the test model's vocabulary fills its embedding"
     );
-    let mut w = lean::gguf::GgufWriter::new();
-    for (k, v) in gguf.metadata.iter() {
-        let v = if k == "tokenizer.ggml.tokens" {
-            let mut longer: Vec<lean::gguf::Value> = tokens
-                .iter()
-                .map(|t| lean::gguf::Value::String((*t).into()))
-                .collect();
-            longer.push(lean::gguf::Value::String("<|one too many|>".into()));
-            lean::gguf::Value::Array(longer)
-        } else {
-            v.clone()
-        };
-        w.add(k, v);
-    }
-    for t in &gguf.tensors {
-        w.add_tensor(&t.name, t.ty, &t.dims, gguf.tensor_data(&bytes, t).to_vec());
-    }
-    let err = load(w.finish().unwrap()).err().expect("rejected");
+    let mut longer: Vec<lean::gguf::Value> = tokens
+        .iter()
+        .map(|t| lean::gguf::Value::String((*t).into()))
+        .collect();
+    longer.push(lean::gguf::Value::String("<|one too many|>".into()));
+    let longer = lean::gguf::Value::Array(longer);
+    let err = load(with_metadata(&bytes, "tokenizer.ggml.tokens", longer))
+        .err()
+        .expect("rejected");
     let message = err.to_string();
     for part in [
         "token_embd.weight",
