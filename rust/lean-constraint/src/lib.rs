@@ -339,6 +339,11 @@ impl Constraint {
         })
     }
 
+    /// The vocabulary this constraint was compiled over (its stop ids included).
+    pub fn vocabulary(&self) -> &Arc<Vocabulary> {
+        &self.vocab
+    }
+
     /// The tokens allowed next: bit `i % 32` of word `i / 32` for token `i`. The stop ids are
     /// allowed exactly where the output may end (and are all that is allowed once it must).
     pub fn mask(&mut self) -> Result<&[u32]> {

@@ -414,7 +414,27 @@ impl Engine {
         prompt: &Prompt,
         options: &GenerateOptions,
     ) -> Result<ActiveGeneration> {
-        let mut active = self.prepare(prompt, options)?;
+        let active = self.prepare(prompt, options, None)?;
+        self.prefill(active)
+    }
+
+    /// `begin` with a constraint compiled already by [`Engine::compile_constraint`] or
+    /// [`Constraint::new`] (a server checks a request's schema before it queues, and the
+    /// generation then follows that same compiled constraint instead of compiling it again).
+    /// `options.constraint` is ignored. A constraint compiled over another vocabulary or other
+    /// stop ids than this generation's is an `InvalidArgument`.
+    pub fn begin_constrained(
+        &mut self,
+        prompt: &Prompt,
+        options: &GenerateOptions,
+        constraint: Constraint,
+    ) -> Result<ActiveGeneration> {
+        let active = self.prepare(prompt, options, Some(constraint))?;
+        self.prefill(active)
+    }
+
+    /// `begin`'s forward pass over the prompt (what the cache does not hold of it).
+    fn prefill(&mut self, mut active: ActiveGeneration) -> Result<ActiveGeneration> {
         let t0 = now();
         // Run once; after a lost device, once more on the CPU session that replaced it.
         let mut fell_back = false;
@@ -455,7 +475,7 @@ impl Engine {
         prompt: &Prompt,
         options: &GenerateOptions,
     ) -> Result<ActiveGeneration> {
-        let mut active = self.prepare(prompt, options)?;
+        let mut active = self.prepare(prompt, options, None)?;
         let t0 = now();
         let mut fell_back = false;
         let result = loop {
@@ -510,7 +530,12 @@ impl Engine {
     }
 
     /// `begin` up to the prompt's forward pass: encodes and checks the prompt, makes the sampler.
-    fn prepare(&mut self, prompt: &Prompt, options: &GenerateOptions) -> Result<ActiveGeneration> {
+    fn prepare(
+        &mut self,
+        prompt: &Prompt,
+        options: &GenerateOptions,
+        compiled: Option<Constraint>,
+    ) -> Result<ActiveGeneration> {
         // Whatever happens below, the previous generation's cache is about to be overwritten.
         self.session_owner = new_session_owner();
         let prompt_ids = self.encode(prompt)?;
@@ -529,9 +554,23 @@ impl Engine {
             .stop_token_ids
             .clone()
             .unwrap_or_else(|| self.tokenizer.eos_token_ids());
-        let constraint = match &options.constraint {
-            Some(spec) => Some(self.compile_constraint(spec, &stop_ids)?),
-            None => None,
+        let constraint = match (compiled, &options.constraint) {
+            (Some(compiled), _) => {
+                let vocab = compiled.vocabulary();
+                if vocab.len() != self.model.config.vocab_size || vocab.stop_ids() != stop_ids {
+                    return Err(LeanError::InvalidArgument(format!(
+                        "the constraint was compiled for {} tokens ending with {:?}, this \
+                         generation has {} ending with {:?}",
+                        vocab.len(),
+                        vocab.stop_ids(),
+                        self.model.config.vocab_size,
+                        stop_ids
+                    )));
+                }
+                Some(compiled)
+            }
+            (None, Some(spec)) => Some(self.compile_constraint(spec, &stop_ids)?),
+            (None, None) => None,
         };
         // Plain greedy decoding needs only the argmax: a GPU session then reads back 4 bytes
         // per token instead of the logits. Greedy under a constraint needs only the argmax over

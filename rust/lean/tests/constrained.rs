@@ -258,3 +258,49 @@ fn an_output_that_cannot_finish_within_max_tokens_ends_with_length() {
         generation.text
     );
 }
+
+/// Runs `prompt` to the end through `begin_constrained`, returning the generated ids.
+fn generate_constrained(
+    engine: &mut Engine,
+    prompt: &Prompt,
+    options: &GenerateOptions,
+    constraint: lean_constraint::Constraint,
+) -> lean::Result<Vec<u32>> {
+    let mut active = engine.begin_constrained(prompt, options, constraint)?;
+    while engine.step(&mut active)?.finished.is_none() {}
+    Ok(engine.finish(active)?.generation.token_ids)
+}
+
+#[test]
+fn a_constraint_compiled_beforehand_gives_the_same_tokens_and_must_fit_the_generation() {
+    let Some(mut engine) = engine(MODELS[0]) else {
+        return;
+    };
+    let spec = ConstraintSpec::JsonSchema(serde_json::json!({
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"]
+    }));
+    let prompt = chat("Give the name and the age of a person as JSON.");
+    let options = greedy(40, Some(spec.clone()));
+    let expected = engine.generate(&prompt, &options, |_| true).unwrap();
+    let eos = engine.tokenizer.eos_token_ids();
+    let compiled = engine.compile_constraint(&spec, &eos).unwrap();
+    // `options.constraint` is ignored: the compiled one is followed.
+    let free = greedy(40, None);
+    let ids = generate_constrained(&mut engine, &prompt, &free, compiled).unwrap();
+    assert_eq!(ids, expected.token_ids);
+    // Compiled for other stop ids than the generation's: refused, naming both.
+    let other_stops = GenerateOptions {
+        stop_token_ids: Some(vec![eos[0], 13]),
+        ..greedy(40, None)
+    };
+    let compiled = engine.compile_constraint(&spec, &eos).unwrap();
+    match generate_constrained(&mut engine, &prompt, &other_stops, compiled) {
+        Err(LeanError::InvalidArgument(m)) => assert!(m.contains("compiled for"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    // The engine goes on.
+    let again = engine.generate(&prompt, &options, |_| true).unwrap();
+    assert_eq!(again.token_ids, expected.token_ids);
+}

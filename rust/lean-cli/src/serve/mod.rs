@@ -254,8 +254,8 @@ struct Prepared {
     ids: Vec<u32>,
     max_tokens: usize,
     dropped_messages: usize,
-    /// `response_format`'s, or a required tool call's.
-    constraint: Option<lean_constraint::ConstraintSpec>,
+    /// `response_format`'s, or a required tool call's, compiled.
+    constraint: Option<lean_constraint::Constraint>,
     /// The syntax of the calls to parse out of the reply (a request with tools).
     tool_syntax: Option<Syntax>,
 }
@@ -299,13 +299,13 @@ async fn serve(
         max_tokens: prepared.max_tokens,
         sampling: request.sampling.clone(),
         stop_token_ids: None,
-        constraint: prepared.constraint.clone(),
+        constraint: None,
         speculation: None,
     };
     // Speculative decoding: a request's prediction by prompt lookup (guesses of up to
     // DEFAULT_PREDICTION_DRAFT tokens unless `--lookup` says otherwise), else `--draft`'s model,
     // else `--lookup`. Not with a constraint.
-    if options.constraint.is_none() {
+    if prepared.constraint.is_none() {
         let prediction = match &request.prediction {
             Some(text) => Some(server.tokenizer.encode(text, false).map_err(|e| {
                 ApiError::invalid(
@@ -330,6 +330,7 @@ async fn serve(
     lease.run(Job {
         ids: prepared.ids,
         options,
+        constraint: prepared.constraint,
         stop: request.stop.clone(),
         events,
     });
@@ -362,9 +363,12 @@ impl Server {
     /// Tokenizes the prompt and checks that it and max_tokens fit in the context, dropping the
     /// oldest turns with `--truncation auto`. Without max_tokens, a chat may fill the context.
     fn prepare(&self, request: &Request) -> Result<Prepared, ApiError> {
-        if let Some(spec) = &request.constraint {
-            self.check_constraint(spec, request.ignore_eos, "response_format")?;
-        }
+        let mut constraint = match &request.constraint {
+            Some(spec) => {
+                Some(self.compile_constraint(spec, request.ignore_eos, "response_format")?)
+            }
+            None => None,
+        };
         let tokenizer_error = |e: lean::tokenizer::TokenizerError| {
             ApiError::invalid(None, format!("cannot tokenize the prompt: {e}"))
         };
@@ -382,7 +386,7 @@ impl Server {
                         ids,
                         max_tokens,
                         dropped_messages: 0,
-                        constraint: request.constraint.clone(),
+                        constraint,
                         tool_syntax: None,
                     }),
                     Some(_) => Err(ApiError::invalid(Some("prompt"), "the prompt is empty")),
@@ -398,11 +402,9 @@ impl Server {
             request.tools.as_ref(),
             &request.template_kwargs,
         );
-        let mut constraint = request.constraint.clone();
         if let Some(grammar) = chat.grammar {
             let spec = lean_constraint::ConstraintSpec::Lark(grammar);
-            self.check_constraint(&spec, request.ignore_eos, "tools")?;
-            constraint = Some(spec);
+            constraint = Some(self.compile_constraint(&spec, request.ignore_eos, "tools")?);
         }
         let (messages, kwargs, tool_syntax) = (chat.messages, chat.kwargs, chat.syntax);
         let mut kept: Vec<FullChatMessage> = messages.clone();
@@ -433,15 +435,15 @@ impl Server {
             .get_or_init(|| tools::template_syntax(&self.tokenizer))
     }
 
-    /// Compiles a constraint (`response_format`'s, or a required tool call's: `param`) once to
-    /// see that the library takes it: an error is a 400 naming the problem (the slot's engine
-    /// compiles it again for its generation).
-    fn check_constraint(
+    /// Compiles a constraint (`response_format`'s, or a required tool call's: `param`) before
+    /// the request queues: one the library refuses is a 400 naming the problem, and the slot's
+    /// engine follows this compiled one (`Engine::begin_constrained`).
+    fn compile_constraint(
         &self,
         spec: &lean_constraint::ConstraintSpec,
         ignore_eos: bool,
         param: &str,
-    ) -> Result<(), ApiError> {
+    ) -> Result<lean_constraint::Constraint, ApiError> {
         if ignore_eos {
             return Err(ApiError::invalid(
                 Some("ignore_eos"),
@@ -473,15 +475,13 @@ impl Server {
             "tools" => "invalid_tools",
             _ => "invalid_response_format",
         };
-        lean_constraint::Constraint::new(vocab, spec)
-            .map(drop)
-            .map_err(|e| {
-                let message = match param {
-                    "tools" => format!("a function's parameters schema is not usable: {e}"),
-                    _ => e.to_string(),
-                };
-                ApiError::invalid(Some(param), message).with_code(code)
-            })
+        lean_constraint::Constraint::new(vocab, spec).map_err(|e| {
+            let message = match param {
+                "tools" => format!("a function's parameters schema is not usable: {e}"),
+                _ => e.to_string(),
+            };
+            ApiError::invalid(Some(param), message).with_code(code)
+        })
     }
 
     fn too_long(&self, prompt_tokens: usize, max_tokens: Option<usize>, param: &str) -> ApiError {

@@ -42,6 +42,8 @@ impl Outcome {
 pub struct Job {
     pub ids: Vec<u32>,
     pub options: GenerateOptions,
+    /// `options.constraint` compiled already (by the request's check): followed as it is.
+    pub constraint: Option<lean_constraint::Constraint>,
     pub stop: Vec<String>,
     /// Closed when the client went away: the generation stops at the next token.
     pub events: UnboundedSender<SlotEvent>,
@@ -230,15 +232,16 @@ impl Slots {
 /// Runs one generation token by token, sending the text as it becomes final, until the end,
 /// a stop string, or the client's departure.
 fn run_job(engine: &mut Engine, job: Job) {
-    let event = match generate(engine, &job) {
+    let events = job.events.clone();
+    let event = match generate(engine, job) {
         Ok(Some(outcome)) => SlotEvent::Done(outcome),
         Ok(None) => return, // The client went away: nobody to tell.
         Err(e) => SlotEvent::Failed(e),
     };
-    let _ = job.events.send(event);
+    let _ = events.send(event);
 }
 
-fn generate(engine: &mut Engine, job: &Job) -> lean::Result<Option<Outcome>> {
+fn generate(engine: &mut Engine, mut job: Job) -> lean::Result<Option<Outcome>> {
     let send = |text: String| {
         if !text.is_empty() {
             let _ = job.events.send(SlotEvent::Text(text));
@@ -246,7 +249,11 @@ fn generate(engine: &mut Engine, job: &Job) -> lean::Result<Option<Outcome>> {
     };
     let mut stops = StopStrings::new(job.stop.clone());
     let mut stopped_by_string = false;
-    let mut active = engine.begin(&Prompt::Ids(job.ids.clone()), &job.options)?;
+    let prompt = Prompt::Ids(std::mem::take(&mut job.ids));
+    let mut active = match job.constraint.take() {
+        Some(constraint) => engine.begin_constrained(&prompt, &job.options, constraint)?,
+        None => engine.begin(&prompt, &job.options)?,
+    };
     loop {
         if job.events.is_closed() {
             break;
