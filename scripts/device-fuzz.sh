@@ -8,7 +8,7 @@
 #                                         or none) and copy the binaries into .devfuzz/
 #   scripts/device-fuzz.sh run SECONDS    there (the `run` tool, carry [".devfuzz"]): every target
 #                                         at once, FUZZ_JOBS forked jobs each (default 3, or
-#                                         "target=N,..."), from its committed corpus (fuzz/corpus/)
+#                                         "target=N,...", 0 leaves one out), from its committed corpus (fuzz/corpus/)
 #                                         and what earlier runs of this machine found
 #                                         (/tmp/corpus), for SECONDS; logs and a summary to $OUT
 #
@@ -62,6 +62,8 @@ run() {
         *",$t="*) jobs=$(echo ",$FUZZ_JOBS," | sed "s/.*,$t=\([0-9]*\),.*/\1/") ;;
         ,[0-9]*,) jobs=$FUZZ_JOBS ;;
         esac
+        # 0 jobs: this run leaves the target out (its goal is met).
+        [ "$jobs" -gt 0 ] || continue
         # -fork: jobs in child processes, a crash or timeout in one is recorded and the run goes
         # on (-ignore_crashes etc.), so one finding does not stop the count.
         (/tmp/fuzzbin/"$t" -fork="$jobs" -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1 \
@@ -71,6 +73,7 @@ run() {
     done
     wait
     for t in "${targets[@]}"; do
+        [ -f "$out/$t.log" ] || continue
         # fork mode's progress lines: "#N: cov: C ft: F corp: K exec/s: E oom/timeout/crash: a/b/c time: Ts job: J dft_time: D"
         local last
         last=$(grep -E '^#[0-9]+: cov:' "$out/$t.log" | tail -1)

@@ -158,7 +158,8 @@ test.describe("webgpu", () => {
     // Speculative decoding (prompt lookup) on the GPU: the same ids (the prompt is cached now).
     // A random-weight model's text never repeats its prompt: there the guesses come from a
     // prediction, the first run's text with its end changed (as in the CPU rows below).
-    const specOptions = { max_tokens: greedyTokens, stop_token_ids: [], lookup: 6 };
+    // Every step guesses (no cost check): the passes themselves are under test.
+    const specOptions = { max_tokens: greedyTokens, stop_token_ids: [], lookup: 6, cost_check: false };
     if (name.includes("random")) {
       specOptions.prediction = run.text.slice(0, Math.ceil((run.text.length * 2) / 3)) + " zebra".repeat(4);
     }
@@ -241,7 +242,7 @@ for (const backend of backends) {
         // guesses come from a prediction, the first run's text with its last third changed (so
         // that some guesses are refused, and the pass after a refusal runs too).
         const code = reference.cases.find((c) => c.name === "raw_code");
-        const options = { max_tokens: code.greedy_ids.length, stop_token_ids: [], lookup: 6 };
+        const options = { max_tokens: code.greedy_ids.length, stop_token_ids: [], lookup: 6, cost_check: false };
         if (name.includes("random")) {
           const text = texts.raw_code;
           expect(text.length, "raw_code's text").toBeGreaterThan(3);

@@ -175,8 +175,16 @@ export interface GenerationResult {
   prefillTokensPerSecond: number;
   /** Over the tokens after the first (which comes out of the prefill). */
   decodeTokensPerSecond: number;
-  /** Speculative decoding's batched passes and guesses (zeros without it). */
-  speculation: { verifications: number; draftedTokens: number; acceptedTokens: number };
+  /**
+   * Speculative decoding's batched passes and guesses, and the steps the cost check ran without
+   * guessing because passes did not pay (zeros without speculation).
+   */
+  speculation: {
+    verifications: number;
+    draftedTokens: number;
+    acceptedTokens: number;
+    pausedSteps: number;
+  };
   /**
    * With `tools`: the calls the reply made (finishReason "tool_calls"); `text` is then the text
    * around them (often empty). Absent when it made none.

@@ -111,7 +111,12 @@ export interface StepJson {
     /** Ids the KV cache holds after this generation. */
     cache_length: number;
     /** Speculative decoding's passes and guesses (zeros without it). */
-    speculation: { verifications: number; drafted_tokens: number; accepted_tokens: number };
+    speculation: {
+      verifications: number;
+      drafted_tokens: number;
+      accepted_tokens: number;
+      paused_steps: number;
+    };
     /** With tools: the calls the reply made (finish_reason "tool_calls"). */
     tool_calls?: { id: string; type: "function"; function: { name: string; arguments: string } }[];
   } | null;

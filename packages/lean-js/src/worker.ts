@@ -547,6 +547,7 @@ async function generate(id: number, prompt: WirePrompt, params: GenerateParams):
         verifications: done.speculation.verifications,
         draftedTokens: done.speculation.drafted_tokens,
         acceptedTokens: done.speculation.accepted_tokens,
+        pausedSteps: done.speculation.paused_steps,
       },
     };
     // A stop string cut the reply before any call it held back.

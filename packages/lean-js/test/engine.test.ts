@@ -85,7 +85,7 @@ const result = (finishReason: "stop" | "length" | "cancelled", tokenIds: number[
   decodeMs: 1,
   prefillTokensPerSecond: 3000,
   decodeTokensPerSecond: 1000,
-  speculation: { verifications: 0, draftedTokens: 0, acceptedTokens: 0 },
+  speculation: { verifications: 0, draftedTokens: 0, acceptedTokens: 0, pausedSteps: 0 },
 });
 
 describe("Engine.start", () => {

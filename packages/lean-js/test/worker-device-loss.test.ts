@@ -67,7 +67,7 @@ function fakeEngine(backend: "gpu" | "cpu"): WasmEngineHandle {
               finish_reason: "length",
               cached_tokens: 0,
               cache_length: ids.length - 1,
-              speculation: { verifications: 0, drafted_tokens: 0, accepted_tokens: 0 },
+              speculation: { verifications: 0, drafted_tokens: 0, accepted_tokens: 0, paused_steps: 0 },
             };
       return JSON.stringify({ tokens, done });
     },

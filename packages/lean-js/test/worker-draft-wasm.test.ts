@@ -76,7 +76,7 @@ describe.skipIf(missing.length > 0)("a draft model on the wasm engine", () => {
       await engine.resetChat();
       const plain = await run(prompt, params);
       expect(plain.tokenIds, `${name}: plain greedy ids`).toEqual(c.greedy_ids);
-      expect(plain.speculation).toEqual({ verifications: 0, draftedTokens: 0, acceptedTokens: 0 });
+      expect(plain.speculation).toEqual({ verifications: 0, draftedTokens: 0, acceptedTokens: 0, pausedSteps: 0 });
       await engine.resetChat();
       const drafted = await run(prompt, { ...params, speculative: { draft: 4 } });
       expect(drafted.tokenIds, `${name}: greedy ids with the draft model`).toEqual(c.greedy_ids);

@@ -38,12 +38,21 @@ pub mod threads;
 #[wasm_bindgen(start)]
 fn start() {
     std::panic::set_hook(Box::new(record_panic));
+    // The engine's clock (timings, speculation's cost check): std has none here.
+    lean::set_clock(seconds);
 }
 
 #[wasm_bindgen]
 extern "C" {
     #[wasm_bindgen(js_namespace = console, js_name = error)]
     fn console_error(message: &str);
+    /// A page's and a worker's `performance.now()`: milliseconds, monotonic.
+    #[wasm_bindgen(js_namespace = performance, js_name = now)]
+    fn performance_now() -> f64;
+}
+
+fn seconds() -> f64 {
+    performance_now() / 1000.0
 }
 
 /// The message of the last panic, until `takePanicMessage` takes it.
@@ -440,6 +449,9 @@ struct OptionsJson {
     /// Text the output is expected to resemble: speculative decoding's first source of guesses
     /// (of up to `lookup` tokens, default 8).
     prediction: Option<String>,
+    /// Speculation's cost check (default on): `false` guesses at every step however the passes
+    /// pay (tests of the passes themselves).
+    cost_check: bool,
     /// Constrained decoding: the output follows this JSON schema, regex or Lark grammar.
     constraint: Option<ConstraintJson>,
     /// OpenAI's `tools` (function tools) for a chat prompt: rendered through the chat template
@@ -489,6 +501,7 @@ impl Default for OptionsJson {
             lookup: None,
             draft: None,
             prediction: None,
+            cost_check: true,
             constraint: None,
             tools: None,
             tool_choice: None,
@@ -514,7 +527,11 @@ impl From<OptionsJson> for GenerateOptions {
             speculation: o
                 .lookup
                 .map(lean::Speculation::lookup)
-                .or(o.draft.map(lean::Speculation::draft_model)),
+                .or(o.draft.map(lean::Speculation::draft_model))
+                .map(|spec| match o.cost_check {
+                    true => spec,
+                    false => spec.without_cost_check(),
+                }),
         }
     }
 }
@@ -535,8 +552,8 @@ impl From<TokenEvent> for TokenJson {
     }
 }
 
-/// A finished generation. lean's own timings are absent: wasm32-unknown-unknown has no clock in
-/// std, so callers time the steps themselves.
+/// A finished generation. lean's own timings are left out: the worker times the steps itself
+/// (lean's clock here is `performance.now()`, for speculation's cost check).
 #[derive(Serialize)]
 struct GenerationJson {
     prompt_ids: Vec<u32>,
@@ -561,6 +578,8 @@ struct SpeculationJson {
     verifications: usize,
     drafted_tokens: usize,
     accepted_tokens: usize,
+    /// Steps run without a guess because the cost check paused guessing.
+    paused_steps: usize,
 }
 
 impl GenerationJson {
@@ -584,6 +603,7 @@ impl GenerationJson {
                 verifications: g.timings.speculation.verifications,
                 drafted_tokens: g.timings.speculation.drafted,
                 accepted_tokens: g.timings.speculation.accepted,
+                paused_steps: g.timings.speculation.paused_steps,
             },
             tool_calls: None,
         }
@@ -754,7 +774,7 @@ impl WasmEngine {
     /// through the model. `options_json` fields are all optional: `max_tokens` (256),
     /// `temperature` (0 = greedy), `top_k`, `top_p`, `min_p`, `repetition_penalty`, `seed`,
     /// `stop_token_ids` (default: the tokenizer's end-of-sequence ids), `lookup`, `prediction`,
-    /// `draft` (guesses of up to this many tokens by the draft model of `setDraftModel`; not
+    /// `cost_check` (speculation's, default true), `draft` (guesses of up to this many tokens by the draft model of `setDraftModel`; not
     /// with `lookup` or `prediction`; without a draft model the engine refuses it),
     /// `constraint` (`{"type": "json_object" | "json_schema" (with "schema") | "regex" (with
     /// "pattern") | "grammar" (with "lark")}`: the output follows it; one the library rejects
@@ -1056,12 +1076,16 @@ fn request(
         options.tool_choice.take().as_ref(),
     )
     .map_err(tool_error)?;
+    let cost_check = options.cost_check;
     let mut generate: GenerateOptions = options.into();
     if let Some(ids) = prediction {
         let spec = generate
             .speculation
             .take()
-            .unwrap_or(lean::Speculation::lookup(8));
+            .unwrap_or_else(|| match cost_check {
+                true => lean::Speculation::lookup(8),
+                false => lean::Speculation::lookup(8).without_cost_check(),
+            });
         generate.speculation = Some(spec.with_prediction(ids));
     }
     // Templates that print the date read it from here: wasm32 has no clock in std.

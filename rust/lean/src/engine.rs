@@ -18,6 +18,8 @@ use crate::session::{Logits, Session, TokenMask};
 use crate::speculative::{accepted_prefix, DraftModel, Drafter, Speculation, SpeculationStats};
 use lean_constraint::{Constraint, ConstraintSpec, Vocabulary};
 use lean_tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
+
+use crate::clock::{now, since};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -172,18 +174,6 @@ pub struct Engine {
     /// the model's weights are in memory).
     device_loss_fallback: bool,
     on_backend_change: Option<BackendChangeHook>,
-}
-
-/// Wall-clock seconds, where the platform has a clock (wasm32-unknown-unknown has none in std).
-fn now() -> Option<std::time::Instant> {
-    #[cfg(not(target_arch = "wasm32"))]
-    return Some(std::time::Instant::now());
-    #[cfg(target_arch = "wasm32")]
-    return None;
-}
-
-fn since(t: Option<std::time::Instant>) -> f64 {
-    t.map_or(0.0, |t| t.elapsed().as_secs_f64())
 }
 
 impl Engine {
@@ -929,7 +919,7 @@ impl Engine {
     fn settle(
         &mut self,
         active: &mut ActiveGeneration,
-        t0: Option<std::time::Instant>,
+        t0: Option<f64>,
         step: Result<Step>,
     ) -> Result<Step> {
         active.timings.decode_seconds += since(t0);

@@ -6,6 +6,7 @@
 //! * [`engine`]: tokenizer + model + backend, the generation loop
 //! * [`speculative`]: drafts for speculative decoding (greedy-exact)
 //! * [`tools`]: tool calls (OpenAI's `tools`/`tool_choice`): templates, call syntaxes, forced calls
+pub mod clock;
 pub mod config;
 pub mod cpu;
 pub mod engine;
@@ -17,6 +18,7 @@ pub mod speculative;
 pub mod synthetic;
 pub mod tools;
 
+pub use clock::set_clock;
 pub use config::{Architecture, ModelConfig};
 pub use engine::{
     ActiveGeneration, BackendChange, BackendChangeHook, Ended, Engine, FinishReason,

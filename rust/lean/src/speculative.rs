@@ -17,10 +17,13 @@
 //!
 //! Speculation pays only where a pass over a few tokens costs little more than one token and
 //! guesses are accepted; in open chat they rarely are. So a cost check (on by default, where the
-//! platform has a clock) times plain steps and verification passes per token produced (moving
-//! averages), and while a pass's tokens come dearer than plain ones it runs plain steps for a
-//! while (4, then twice as many after each further loss, up to 64), then probes with a
-//! one-token guess that grows again if accepted.
+//! platform has a clock) compares two moving averages of seconds per token: plain decoding's,
+//! timed on the steps it pauses guessing for (which a GPU session queues ahead, as plain
+//! decoding does), and speculation's, timed on every other step: verification passes and the
+//! steps that found no guess (which cannot be queued ahead: the next one may guess). While
+//! speculation's tokens come dearer it runs plain steps for a while (4, then twice as many after
+//! each further loss, up to 64), then probes with a one-token guess that grows again if
+//! accepted. The first comparison has no plain time yet: it pauses 4 steps to take one.
 
 use crate::error::{LeanError, Result};
 use crate::model::Model;
@@ -163,16 +166,17 @@ pub struct Drafter {
     pub stats: SpeculationStats,
 }
 
-/// The cost check's state: moving averages of a plain step's seconds and of a pass's seconds
-/// and tokens produced (their ratio weighs passes by the tokens they gave), and the pause.
+/// The cost check's state: moving averages of plain decoding's seconds a step and of
+/// speculation's seconds and tokens a step (their ratio weighs steps by the tokens they gave),
+/// and the pause.
 #[derive(Clone, Debug)]
 struct CostCheck {
     plain: Option<f64>,
-    pass_seconds: Option<f64>,
-    pass_tokens: Option<f64>,
+    spec_seconds: Option<f64>,
+    spec_tokens: Option<f64>,
     /// Plain steps left before the next guess.
     pause: usize,
-    /// The pause after the next losing pass.
+    /// The pause after the next loss.
     backoff: usize,
 }
 
@@ -203,8 +207,8 @@ impl Drafter {
             length: spec.max_draft(),
             cost: spec.cost_check().then_some(CostCheck {
                 plain: None,
-                pass_seconds: None,
-                pass_tokens: None,
+                spec_seconds: None,
+                spec_tokens: None,
                 pause: 0,
                 backoff: MIN_PAUSE,
             }),
@@ -223,17 +227,21 @@ impl Drafter {
         self.cost.as_ref().map_or(0, |c| c.pause.saturating_sub(1))
     }
 
-    /// Books a step that ran without a guess (paused, or no guess was found) and took
-    /// `seconds` (0 where the platform has no clock: the cost check then never pauses).
+    /// Books a step that ran without a guess and took `seconds` (0 where the platform has no
+    /// clock: the cost check then never pauses): a plain decoding step while paused, else a
+    /// step of speculation whose guessing found nothing.
     pub fn record_plain(&mut self, seconds: f64) {
-        if let Some(cost) = &mut self.cost {
-            if cost.pause > 0 {
-                cost.pause -= 1;
-                self.stats.paused_steps += 1;
-            }
+        let Some(cost) = &mut self.cost else {
+            return;
+        };
+        if cost.pause > 0 {
+            cost.pause -= 1;
+            self.stats.paused_steps += 1;
             if seconds > 0.0 {
                 cost.plain = average(cost.plain, seconds);
             }
+        } else if seconds > 0.0 {
+            self.weigh(seconds, 1);
         }
     }
 
@@ -289,22 +297,31 @@ impl Drafter {
         } else {
             self.length.saturating_sub(1).max(1)
         };
-        if let Some(cost) = self.cost.as_mut().filter(|_| seconds > 0.0) {
-            cost.pass_seconds = average(cost.pass_seconds, seconds);
-            cost.pass_tokens = average(cost.pass_tokens, (accepted + 1) as f64);
-            let per_token = cost.pass_seconds.zip(cost.pass_tokens).map(|(s, t)| s / t);
-            match (cost.plain, per_token) {
-                // No plain step timed yet: one, to compare with.
-                (None, _) => cost.pause = 1,
-                (Some(plain), Some(per_token)) if per_token > plain => {
-                    cost.pause = cost.backoff;
-                    cost.backoff = (cost.backoff * 2).min(MAX_PAUSE);
-                    // The first guess after the pause is a cheap probe; it grows if accepted.
-                    self.length = 1;
-                }
-                // Paying again: the next pause (if any) shorter.
-                _ => cost.backoff = (cost.backoff / 2).max(MIN_PAUSE),
+        if seconds > 0.0 {
+            self.weigh(seconds, accepted + 1);
+        }
+    }
+
+    /// Adds a step of speculation that gave `tokens` in `seconds` to the cost check, and pauses
+    /// guessing while speculation's tokens come dearer than plain decoding's.
+    fn weigh(&mut self, seconds: f64, tokens: usize) {
+        let Some(cost) = &mut self.cost else {
+            return;
+        };
+        cost.spec_seconds = average(cost.spec_seconds, seconds);
+        cost.spec_tokens = average(cost.spec_tokens, tokens as f64);
+        let per_token = cost.spec_seconds.zip(cost.spec_tokens).map(|(s, t)| s / t);
+        match (cost.plain, per_token) {
+            // No plain time yet: a few plain steps, queued ahead where the session can.
+            (None, _) => cost.pause = MIN_PAUSE,
+            (Some(plain), Some(per_token)) if per_token > plain => {
+                cost.pause = cost.backoff;
+                cost.backoff = (cost.backoff * 2).min(MAX_PAUSE);
+                // The first guess after the pause is a cheap probe; it grows if accepted.
+                self.length = 1;
             }
+            // Paying again: the next pause (if any) shorter.
+            _ => cost.backoff = (cost.backoff / 2).max(MIN_PAUSE),
         }
     }
 }
@@ -443,10 +460,13 @@ mod tests {
     #[test]
     fn the_cost_check_pauses_guessing_while_passes_do_not_pay() {
         let mut d = Drafter::new(&Speculation::lookup(4));
-        // No plain step timed yet: one plain step first.
+        // No plain time yet: 4 plain steps first, the rest of them queued ahead.
         d.record(4, 0, 0.003);
-        assert!(d.paused());
-        d.record_plain(0.001);
+        for left in (0..4).rev() {
+            assert!(d.paused());
+            assert_eq!(d.plain_steps_after_this(), left);
+            d.record_plain(0.001);
+        }
         assert!(!d.paused());
         // 3 ms for 1 token against 1 ms plain: pause 4, then 8.
         let mut pauses = Vec::new();
@@ -489,7 +509,7 @@ mod tests {
         );
         assert_eq!(
             d.stats.paused_steps,
-            1 + 4 + 8 + 16 + 32 + 64 + 64 + paused_while_paying
+            4 + 4 + 8 + 16 + 32 + 64 + 64 + paused_while_paying
         );
 
         let mut no_clock = Drafter::new(&Speculation::lookup(4));
@@ -502,6 +522,46 @@ mod tests {
         unchecked.record_plain(0.001);
         unchecked.record(4, 0, 0.1);
         assert!(!unchecked.paused());
+    }
+
+    /// A step whose guessing found nothing is speculation's cost too: on a GPU it waits for its
+    /// id where plain decoding would have queued it ahead. Where such steps cost more than the
+    /// paused (queued) ones, guessing pauses; where they cost the same (a CPU), it does not.
+    #[test]
+    fn steps_without_a_guess_count_against_speculation() {
+        let mut gpu = Drafter::new(&Speculation::lookup(8));
+        gpu.record_plain(0.0015);
+        let mut pauses = Vec::new();
+        for _ in 0..4 {
+            let mut steps = 0;
+            while gpu.paused() {
+                gpu.record_plain(0.001);
+                steps += 1;
+            }
+            pauses.push(steps);
+            // Unguessed, waiting for its id: 1.5 ms against 1 ms queued.
+            gpu.record_plain(0.0015);
+        }
+        assert_eq!(
+            pauses,
+            [4, 4, 8, 16],
+            "the first pause takes the plain time"
+        );
+        assert_eq!(gpu.stats.verifications, 0);
+
+        let mut cpu = Drafter::new(&Speculation::lookup(8));
+        cpu.record_plain(0.001);
+        while cpu.paused() {
+            cpu.record_plain(0.001);
+        }
+        for _ in 0..20 {
+            cpu.record_plain(0.001);
+            assert!(!cpu.paused());
+        }
+        // A paying pass among them keeps guessing on.
+        cpu.record(4, 3, 0.0012);
+        assert!(!cpu.paused());
+        assert_eq!(cpu.stats.paused_steps, 4);
     }
 
     #[test]
