@@ -527,11 +527,7 @@ impl From<OptionsJson> for GenerateOptions {
             speculation: o
                 .lookup
                 .map(lean::Speculation::lookup)
-                .or(o.draft.map(lean::Speculation::draft_model))
-                .map(|spec| match o.cost_check {
-                    true => spec,
-                    false => spec.without_cost_check(),
-                }),
+                .or(o.draft.map(lean::Speculation::draft_model)),
         }
     }
 }
@@ -774,8 +770,9 @@ impl WasmEngine {
     /// through the model. `options_json` fields are all optional: `max_tokens` (256),
     /// `temperature` (0 = greedy), `top_k`, `top_p`, `min_p`, `repetition_penalty`, `seed`,
     /// `stop_token_ids` (default: the tokenizer's end-of-sequence ids), `lookup`, `prediction`,
-    /// `cost_check` (speculation's, default true), `draft` (guesses of up to this many tokens by the draft model of `setDraftModel`; not
-    /// with `lookup` or `prediction`; without a draft model the engine refuses it),
+    /// `cost_check` (speculation's, default true), `draft` (guesses of up to this many tokens by
+    /// the draft model of `setDraftModel`; not with `lookup` or `prediction`; without a draft
+    /// model the engine refuses it),
     /// `constraint` (`{"type": "json_object" | "json_schema" (with "schema") | "regex" (with
     /// "pattern") | "grammar" (with "lark")}`: the output follows it; one the library rejects
     /// fails with an `Error` named `ConstraintError`, the engine stays usable), `tools` and
@@ -1082,11 +1079,13 @@ fn request(
         let spec = generate
             .speculation
             .take()
-            .unwrap_or_else(|| match cost_check {
-                true => lean::Speculation::lookup(8),
-                false => lean::Speculation::lookup(8).without_cost_check(),
-            });
+            .unwrap_or(lean::Speculation::lookup(8));
         generate.speculation = Some(spec.with_prediction(ids));
+    }
+    if !cost_check {
+        generate.speculation = generate
+            .speculation
+            .map(lean::Speculation::without_cost_check);
     }
     // Templates that print the date read it from here: wasm32 has no clock in std.
     engine

@@ -10,6 +10,7 @@
 //! With speculative decoding ([`GenerateOptions::speculation`]) a step may run the
 //! last token together with guessed next tokens in one batched pass; the guesses the model
 //! confirms come out of the following steps without a forward pass (see [`crate::speculative`]).
+use crate::clock::{now, since};
 use crate::cpu::CpuSession;
 use crate::error::{LeanError, Result};
 use crate::model::Model;
@@ -18,8 +19,6 @@ use crate::session::{Logits, Session, TokenMask};
 use crate::speculative::{accepted_prefix, DraftModel, Drafter, Speculation, SpeculationStats};
 use lean_constraint::{Constraint, ConstraintSpec, Vocabulary};
 use lean_tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
-
-use crate::clock::{now, since};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -186,8 +186,8 @@ const COST_SMOOTHING: f64 = 0.25;
 const MIN_PAUSE: usize = 4;
 const MAX_PAUSE: usize = 64;
 
-fn average(old: Option<f64>, new: f64) -> Option<f64> {
-    Some(old.map_or(new, |old| old + COST_SMOOTHING * (new - old)))
+fn average(old: Option<f64>, new: f64) -> f64 {
+    old.map_or(new, |old| old + COST_SMOOTHING * (new - old))
 }
 
 impl Drafter {
@@ -238,7 +238,7 @@ impl Drafter {
             cost.pause -= 1;
             self.stats.paused_steps += 1;
             if seconds > 0.0 {
-                cost.plain = average(cost.plain, seconds);
+                cost.plain = Some(average(cost.plain, seconds));
             }
         } else if seconds > 0.0 {
             self.weigh(seconds, 1);
@@ -308,13 +308,14 @@ impl Drafter {
         let Some(cost) = &mut self.cost else {
             return;
         };
-        cost.spec_seconds = average(cost.spec_seconds, seconds);
-        cost.spec_tokens = average(cost.spec_tokens, tokens as f64);
-        let per_token = cost.spec_seconds.zip(cost.spec_tokens).map(|(s, t)| s / t);
-        match (cost.plain, per_token) {
+        let spec_seconds = average(cost.spec_seconds, seconds);
+        let spec_tokens = average(cost.spec_tokens, tokens as f64);
+        (cost.spec_seconds, cost.spec_tokens) = (Some(spec_seconds), Some(spec_tokens));
+        let per_token = spec_seconds / spec_tokens;
+        match cost.plain {
             // No plain time yet: a few plain steps, queued ahead where the session can.
-            (None, _) => cost.pause = MIN_PAUSE,
-            (Some(plain), Some(per_token)) if per_token > plain => {
+            None => cost.pause = MIN_PAUSE,
+            Some(plain) if per_token > plain => {
                 cost.pause = cost.backoff;
                 cost.backoff = (cost.backoff * 2).min(MAX_PAUSE);
                 // The first guess after the pause is a cheap probe; it grows if accepted.

@@ -42,7 +42,8 @@ impl Outcome {
 pub struct Job {
     pub ids: Vec<u32>,
     pub options: GenerateOptions,
-    /// `options.constraint` compiled already (by the request's check): followed as it is.
+    /// The request's constraint, compiled when the request was checked (`options.constraint`
+    /// stays `None`): the generation follows it as it is.
     pub constraint: Option<lean_constraint::Constraint>,
     pub stop: Vec<String>,
     /// Closed when the client went away: the generation stops at the next token.
