@@ -16,7 +16,7 @@
 #                                 JSON-schema constraint (issue 24's order_items schema),
 #                                 interleaved, 5 reps each, GPU and CPU; JSON lines into $OUT
 #   scripts/device-spec.sh run-verify   there, instead of `run`: the GPU's verification passes
-#                                 (VERIFY_PASSES: shaped, shaped-all, baseline-all, matmul = the
+#                                 (VERIFY_PASSES: shaped, shaped-all, baseline, baseline-all, matmul = the
 #                                 prefill-shaped LEAN_GPU_VERIFY_MATMUL=1) in `bench-spec`, and
 #                                 plain decode of this build against LEAN_CLI_BASELINE's lean-cli
 #                                 (prepare copies it to .devspec/bin/lean-cli-baseline), 3 rounds
@@ -170,12 +170,14 @@ run_verify() {
                     python3 -c 'import json,sys; r=json.load(sys.stdin); print(json.dumps({"model":sys.argv[1],"build":sys.argv[2],"round":int(sys.argv[3]),"bench":r}))' \
                         "$m" $build $round | tee -a "$out/decode.jsonl" | cut -c1-400 || status=1
             done
-            # shaped-all: guessing at every step (no cost check); baseline-all: the same with
-            # LEAN_CLI_BASELINE's build; matmul: the prefill-shaped pass (VERIFY_PASSES=matmul)
+            # shaped-all: guessing at every step (no cost check); baseline: the cost check of
+            # LEAN_CLI_BASELINE's build; baseline-all: that build guessing at every step; matmul:
+            # the prefill-shaped pass (VERIFY_PASSES=matmul)
             for pass in ${VERIFY_PASSES:-shaped shaped-all baseline-all}; do
                 local env=() flags=() cli=$stash/bin/lean-cli
                 [ $pass = matmul ] && env=(LEAN_GPU_VERIFY_MATMUL=1)
                 [ $pass = shaped-all ] && flags=(--no-cost-check)
+                [ $pass = baseline ] && cli=$stash/bin/lean-cli-baseline
                 [ $pass = baseline-all ] && flags=(--no-cost-check) && cli=$stash/bin/lean-cli-baseline
                 [ -x "$cli" ] || continue
                 echo "--- bench-spec $m round $round, $pass verification"

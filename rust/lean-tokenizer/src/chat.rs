@@ -77,14 +77,29 @@ const TEMPLATE_NAME: &str = "chat_template";
 /// this many minijinja instructions (a real template over a long chat takes well under 1 % of it;
 /// the limit is reached in about a second natively)...
 pub(crate) const TEMPLATE_FUEL: u64 = 20_000_000;
-/// ...and write this many bytes (far past any context window's text). Recursion is bounded by
-/// minijinja (500 levels), as are `range` and string repetition.
-pub(crate) const TEMPLATE_MAX_OUTPUT: usize = 64 << 20;
+/// ...and write this many bytes beyond twice what it was given (messages, tools, extra
+/// variables, special tokens): a real template adds a few bytes of markup a message. The rendered
+/// text is tokenized next, at about 1 µs a byte with ~300 bytes of memory a byte in `tokenizers`'
+/// encoding, so a fixed cap as large as any chat could need (64 MiB once) let a 50-byte
+/// recursive macro cost 10 s and 2 GiB after a fast render (found by fuzzing).
+pub(crate) const TEMPLATE_OUTPUT_ALLOWANCE: usize = 1 << 20;
 /// Bytes a render's `{{ }}` may write in all, into the output and into captures (a macro's or a
-/// block's result, written again by its caller): fuel counts instructions, not bytes, and a
-/// macro that calls itself twice doubles its result at each level; found by fuzzing, such a
-/// template took 1.7 s of copying before its fuel ran out.
-pub(crate) const TEMPLATE_MAX_WRITTEN: usize = 4 * TEMPLATE_MAX_OUTPUT;
+/// block's result, written again by its caller), as a multiple of the output cap: fuel counts
+/// instructions, not bytes, and a macro that calls itself twice doubles its result at each level;
+/// found by fuzzing, such a template took 1.7 s of copying before its fuel ran out.
+pub(crate) const TEMPLATE_WRITTEN_PER_OUTPUT: usize = 4;
+
+/// The most a render over `given` bytes of input may write.
+pub(crate) fn template_max_output(given: usize) -> usize {
+    TEMPLATE_OUTPUT_ALLOWANCE.saturating_add(given.saturating_mul(2))
+}
+
+thread_local! {
+    /// The bytes the render running on this thread may write through `{{ }}` in all (renders are
+    /// synchronous, so the formatter finds its render's bound here).
+    static WRITTEN_LIMIT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// `strftime_now` reads the system clock while the pinned time is this.
 const CLOCK_NOT_PINNED: i64 = i64::MIN;
 
@@ -190,17 +205,30 @@ impl ChatTemplate {
                 .map(|(name, value)| (name.as_str(), Value::from_serialize(value))),
         );
         let context: Value = context.into_iter().collect();
+        let given = serde_json::to_vec(messages).map_or(0, |json| json.len())
+            + serde_json::to_vec(kwargs).map_or(0, |json| json.len())
+            + special_tokens.iter().map(|(_, text)| text.len()).sum::<usize>();
+        let max_output = template_max_output(given);
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| TokenizerError::Template(describe(&e)))?;
-        let mut out = CappedOutput::default();
-        match template.render_captured_to(context, &mut out) {
+        let mut out = CappedOutput {
+            bytes: Vec::new(),
+            limit: max_output,
+            overflowed: false,
+        };
+        let previous =
+            WRITTEN_LIMIT.replace(max_output.saturating_mul(TEMPLATE_WRITTEN_PER_OUTPUT));
+        let rendered = template.render_captured_to(context, &mut out);
+        WRITTEN_LIMIT.set(previous);
+        match rendered {
             Ok(_) => String::from_utf8(out.bytes)
                 .map_err(|_| TokenizerError::Template("the output is not valid UTF-8".into())),
             Err(_) if out.overflowed => Err(TokenizerError::Template(format!(
-                "the template wrote more than {} MiB; refused (a template that explodes?)",
-                TEMPLATE_MAX_OUTPUT >> 20
+                "the template wrote more than {} (1 MiB beyond twice the {} it was given); refused (a template that explodes?)",
+                bytes(max_output),
+                bytes(given)
             ))),
             Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(TokenizerError::Template(format!(
                 "the template ran more than {TEMPLATE_FUEL} instructions; stopped (a loop that does not end?)"
@@ -210,16 +238,25 @@ impl ChatTemplate {
     }
 }
 
-/// The rendered text, refused past [`TEMPLATE_MAX_OUTPUT`] bytes.
-#[derive(Default)]
+/// `n` bytes for a person: "2.5 MiB", "300 KiB", "12 bytes".
+fn bytes(n: usize) -> String {
+    match n {
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1 << 20) as f64),
+        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
+        n => format!("{n} bytes"),
+    }
+}
+
+/// The rendered text, refused past `limit` bytes.
 struct CappedOutput {
     bytes: Vec<u8>,
+    limit: usize,
     overflowed: bool,
 }
 
 impl std::io::Write for CappedOutput {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if self.bytes.len() + buf.len() > TEMPLATE_MAX_OUTPUT {
+        if self.bytes.len() + buf.len() > self.limit {
             self.overflowed = true;
             return Err(std::io::Error::other("template output limit"));
         }
@@ -296,19 +333,24 @@ struct Written(std::sync::atomic::AtomicUsize);
 
 impl minijinja::value::Object for Written {}
 
-/// Adds `len` bytes to the render's count, refused past [`TEMPLATE_MAX_WRITTEN`].
+/// Adds `len` bytes to the render's count, refused past its [`WRITTEN_LIMIT`] (none outside
+/// [`ChatTemplate::render`], as in tests that render directly).
 fn count_written(state: &State, len: usize) -> Result<(), Error> {
+    let limit = match WRITTEN_LIMIT.get() {
+        0 => usize::MAX,
+        limit => limit,
+    };
     let written = state.get_or_set_temp_object("lean_written_bytes", Written::default);
     let total = written
         .0
         .fetch_add(len, Ordering::Relaxed)
         .saturating_add(len);
-    if total > TEMPLATE_MAX_WRITTEN {
+    if total > limit {
         return Err(Error::new(
             ErrorKind::InvalidOperation,
             format!(
-                "the template wrote more than {} MiB counting what macros and blocks return to their callers; stopped (a template that explodes?)",
-                TEMPLATE_MAX_WRITTEN >> 20
+                "the template wrote more than {} counting what macros and blocks return to their callers; stopped (a template that explodes?)",
+                bytes(limit)
             ),
         ));
     }
@@ -918,6 +960,18 @@ mod tests {
             (
                 "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% else %}{{ 'x' * 1000 }}{% endif %}{% endmacro %}{{ f(40) }}",
                 "macros and blocks return",
+            ),
+            // A macro whose calls branch, each writing 400 bytes of raw text (12 MB of output
+            // from 50 bytes of input; found by fuzzing: fast to render, then 10 s and 2 GiB to
+            // tokenize): stopped by the bytes its results carry up, bounded by the input's size.
+            (
+                &*format!("{{% macro f(n) %}}{{% if n > 5 %}}{{{{ f(n - 7) }}}}{{{{ f(n - 1) }}}}{}{{% endif %}}{{% endmacro %}}{{{{ f(51) }}}}", "raw text ".repeat(44)),
+                "wrote more than 4.0 MiB",
+            ),
+            // The same text written at the top level: refused at the output cap.
+            (
+                &*format!("{{% for i in range(3000) %}}{}{{% endfor %}}", "raw text ".repeat(44)),
+                "wrote more than 1.0 MiB (1 MiB beyond twice the",
             ),
             ("{{ 'x' * 1000000000 }}", "too large"),
             ("{{ range(1000000000000)|length }}", "too many"),
