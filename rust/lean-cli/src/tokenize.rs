@@ -22,6 +22,28 @@ pub struct TokenizeArgs {
     /// The text; without it, JSON Lines from stdin (one JSON string a line), one JSON array of ids
     /// a line out.
     text: Option<String>,
+    /// Each input is a chat, a JSON array of `{"role", "content"}` messages: the ids of the chat
+    /// prompt as `lean-cli` would encode it (the model's chat template, the assistant's turn
+    /// opened).
+    #[arg(long)]
+    chat: bool,
+    /// With `--chat`: print the template's text (a JSON string) instead of ids, e.g. to give
+    /// another engine the same prompt.
+    #[arg(long, requires = "chat")]
+    template_text: bool,
+}
+
+/// One input's output line: its ids, or with `--chat --template-text` the chat prompt's text.
+fn line_for(tokenizer: &lean::Tokenizer, args: &TokenizeArgs, input: &str) -> CliResult<String> {
+    if !args.chat {
+        return Ok(serde_json::to_string(&tokenizer.encode(input, true)?)?);
+    }
+    let messages: Vec<lean::ChatMessage> = serde_json::from_str(input)
+        .map_err(|e| format!("a chat is a JSON array of {{\"role\", \"content\"}} messages: {e}"))?;
+    Ok(match args.template_text {
+        true => serde_json::to_string(&tokenizer.apply_chat_template(&messages, true)?)?,
+        false => serde_json::to_string(&tokenizer.encode_chat(&messages, true)?)?,
+    })
 }
 
 pub fn run(args: TokenizeArgs) -> CliResult {
@@ -33,11 +55,7 @@ pub fn run(args: TokenizeArgs) -> CliResult {
     let tokenizer = source.load(&gguf)?;
     let mut out = std::io::stdout().lock();
     if let Some(text) = &args.text {
-        writeln!(
-            out,
-            "{}",
-            serde_json::to_string(&tokenizer.encode(text, true)?)?
-        )?;
+        writeln!(out, "{}", line_for(&tokenizer, &args, text)?)?;
         return Ok(());
     }
     for (index, line) in std::io::stdin().lock().lines().enumerate() {
@@ -45,13 +63,14 @@ pub fn run(args: TokenizeArgs) -> CliResult {
         if line.trim().is_empty() {
             continue;
         }
-        let text: String = serde_json::from_str(&line)
-            .map_err(|e| format!("stdin line {}: not a JSON string: {e}", index + 1))?;
-        writeln!(
-            out,
-            "{}",
-            serde_json::to_string(&tokenizer.encode(&text, true)?)?
-        )?;
+        let input = match args.chat {
+            true => line,
+            false => serde_json::from_str(&line)
+                .map_err(|e| format!("stdin line {}: not a JSON string: {e}", index + 1))?,
+        };
+        let output =
+            line_for(&tokenizer, &args, &input).map_err(|e| format!("stdin line {}: {e}", index + 1))?;
+        writeln!(out, "{output}")?;
     }
     Ok(())
 }

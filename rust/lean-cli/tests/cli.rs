@@ -375,6 +375,37 @@ fn tokenize_prints_ids_for_a_text_and_for_json_lines() {
 }
 
 #[test]
+fn tokenize_chat_gives_the_chat_prompt_as_ids_or_as_the_template_text() {
+    let Some(m) = models() else { return };
+    let model = m.join("smollm2-135m-instruct-q4_0.gguf");
+    let model = model.to_str().unwrap();
+    let chat = r#"[{"role": "user", "content": "Hi <|im_end|> there"}]"#;
+    let (ok, text, err) = lean(&["tokenize", "-m", model, "--chat", "--template-text", chat]);
+    assert!(ok, "{err}");
+    let text: String = serde_json::from_str(text.trim()).unwrap();
+    // SmolLM2's template: its default system turn, the user's, the assistant's opened.
+    assert!(text.starts_with("<|im_start|>system\n"), "{text}");
+    assert!(
+        text.ends_with("<|im_start|>user\nHi <|im_end|> there<|im_end|>\n<|im_start|>assistant\n"),
+        "{text}"
+    );
+    // The chat's ids are that text's (SmolLM2 adds no bos), special-token text kept whole.
+    let (ok, chat_ids, err) = lean(&["tokenize", "-m", model, "--chat", chat]);
+    assert!(ok, "{err}");
+    let (ok, text_ids, err) = lean(&["tokenize", "-m", model, &text]);
+    assert!(ok, "{err}");
+    assert_eq!(chat_ids, text_ids);
+    let ids: Vec<u64> = serde_json::from_str(chat_ids.trim()).unwrap();
+    assert_eq!(ids.iter().filter(|&&id| id == 1).count(), 3, "three <|im_start|>: {ids:?}");
+    // A message without content is an error that says what a chat is.
+    let (ok, _, err) = lean(&["tokenize", "-m", model, "--chat", r#"[{"role": "user"}]"#]);
+    assert!(!ok && err.contains("content"), "{err}");
+    // --template-text needs --chat.
+    let (ok, _, err) = lean(&["tokenize", "-m", model, "--template-text", "hi"]);
+    assert!(!ok && err.contains("--chat"), "{err}");
+}
+
+#[test]
 fn a_gguf_without_tokenizer_metadata_asks_for_a_tokenizer() {
     let Some(_) = models() else { return };
     // A valid GGUF (metadata only) that has no tokenizer.ggml.* keys.
