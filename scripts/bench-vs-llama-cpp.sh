@@ -16,17 +16,13 @@
 #   env: ROUNDS (default 2), REPS (default 3: repetitions inside each run), THREADS ("1 2"),
 #        FILES (model file stems, default all five)
 #
-# llama.cpp: the copy in PyPI's llama-cpp-python 0.3.36 sdist, built once into
-# $LEAN_CACHE/llama.cpp-0.3.36 (cmake and ninja from apt). GGML_NATIVE=ON dies with an illegal
-# instruction on these VMs (the CPU reports AMX that the VM does not run), so the ISA is spelled
-# out: AVX, AVX2, FMA, F16C, AVX-512 (+VBMI, VNNI, BF16) on, AVX-VNNI where /proc/cpuinfo has it;
-# AMX off.
+# llama.cpp: the copy in PyPI's llama-cpp-python 0.3.36 sdist, built once by
+# scripts/llama-cpp-build.sh (its ISA flags are spelled out there).
 # lean: `lean-cli bench` (release), median of REPS after a warm-up. llama.cpp: `llama-bench -r REPS`
 # (mean of REPS). Each cell is the median over the rounds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 models=${1:-${LEAN_MODELS:-$PWD/models}}
-cache=${LEAN_CACHE:-$HOME/.cache/lean}
 rounds=${ROUNDS:-2}
 reps=${REPS:-3}
 threads=${THREADS:-"1 2"}
@@ -34,31 +30,7 @@ files=${FILES:-"smollm2-135m-instruct-q4_0 smollm2-135m-instruct-q8_0 smollm2-13
 py=${PYTHON:-python3}
 
 # --- llama.cpp's llama-bench, built once ---------------------------------------------------------
-version=0.3.36
-src="$cache/llama.cpp-$version"
-bench="$src/build/bin/llama-bench"
-if [ ! -x "$bench" ]; then
-  for tool in cmake:cmake ninja:ninja-build; do
-    command -v "${tool%%:*}" >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${tool##*:}"; }
-  done
-  mkdir -p "$cache/sdist"
-  tarball=$(ls "$cache/sdist"/llama_cpp_python-$version.tar.gz 2>/dev/null || true)
-  if [ -z "$tarball" ]; then
-    "$py" -m pip download --quiet --no-deps --no-binary llama-cpp-python -d "$cache/sdist" "llama-cpp-python==$version" >&2
-    tarball=$(ls "$cache/sdist"/llama_cpp_python-$version.tar.gz)
-  fi
-  # AVX-VNNI (the VEX form) only where the CPU has it: these VMs have AVX512-VNNI but not AVX-VNNI,
-  # and a build with it dies with an illegal instruction.
-  avx_vnni=OFF
-  grep -qw avx_vnni /proc/cpuinfo && avx_vnni=ON
-  [ -f "$src/CMakeLists.txt" ] || { mkdir -p "$src" && tar -xzf "$tarball" -C "$src" --strip-components=3 "llama_cpp_python-$version/vendor/llama.cpp"; }
-  cmake -S "$src" -B "$src/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_OPENMP=ON \
-    -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-    -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON \
-    -DGGML_AVX_VNNI=$avx_vnni -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF >&2
-  cmake --build "$src/build" --target llama-bench -j "$(nproc)" >&2
-fi
+bench="$(scripts/llama-cpp-build.sh llama-bench)/llama-bench"
 "$bench" --help >/dev/null 2>&1 || { echo "bench-vs-llama-cpp: $bench does not run" >&2; exit 1; }
 "$bench" -m "$models/smollm2-135m-instruct-q4_0.gguf" -p 8 -n 2 -r 1 >/dev/null 2>&1 ||
   { echo "bench-vs-llama-cpp: $bench fails on a model (an instruction this CPU lacks?)" >&2; exit 1; }

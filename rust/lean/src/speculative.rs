@@ -17,13 +17,15 @@
 //!
 //! Speculation pays only where a pass over a few tokens costs little more than one token and
 //! guesses are accepted; in open chat they rarely are. So a cost check (on by default, where the
-//! platform has a clock) compares two moving averages of seconds per token: plain decoding's,
-//! timed on the steps it pauses guessing for (which a GPU session queues ahead, as plain
-//! decoding does), and speculation's, timed on every other step: verification passes and the
-//! steps that found no guess (which cannot be queued ahead: the next one may guess). While
-//! speculation's tokens come dearer it runs plain steps for a while (4, then twice as many after
-//! each further loss, up to 64), then probes with a one-token guess that grows again if
-//! accepted. The first comparison has no plain time yet: it pauses 4 steps to take one.
+//! platform has a clock) compares seconds per token: plain decoding's, a moving average over the
+//! steps it pauses guessing for (which a GPU session queues ahead, as plain decoding does), and
+//! speculation's, summed over its latest 4 steps: verification passes and the steps that found
+//! no guess (which cannot be queued ahead: the next one may guess). Judging 4 steps at a time,
+//! each set judged once, keeps one slow step (the first ones after prefill take 4–10× a plain
+//! step on a CPU) from deciding several pauses in a row. While speculation's tokens come dearer
+//! it runs plain steps for a while (4, then twice as many after each further loss, up to 64),
+//! then probes with a one-token guess that grows again if accepted. The first judgment has no
+//! plain time yet: it pauses 4 steps to take one.
 
 use crate::error::{LeanError, Result};
 use crate::model::Model;
@@ -166,22 +168,24 @@ pub struct Drafter {
     pub stats: SpeculationStats,
 }
 
-/// The cost check's state: moving averages of plain decoding's seconds a step and of
-/// speculation's seconds and tokens a step (their ratio weighs steps by the tokens they gave),
-/// and the pause.
-#[derive(Clone, Debug)]
+/// The cost check's state: a moving average of plain decoding's seconds a step, the seconds,
+/// tokens and steps of speculation since its last judgment, and the pause.
+#[derive(Clone, Debug, Default)]
 struct CostCheck {
     plain: Option<f64>,
-    spec_seconds: Option<f64>,
-    spec_tokens: Option<f64>,
+    spec_seconds: f64,
+    spec_tokens: usize,
+    spec_steps: usize,
     /// Plain steps left before the next guess.
     pause: usize,
     /// The pause after the next loss.
     backoff: usize,
 }
 
-/// Weight of the newest time in the cost check's averages.
+/// Weight of the newest time in plain decoding's average.
 const COST_SMOOTHING: f64 = 0.25;
+/// Steps of speculation judged together.
+const JUDGED_STEPS: usize = 4;
 /// The cost check's shortest and longest pauses, in steps.
 const MIN_PAUSE: usize = 4;
 const MAX_PAUSE: usize = 64;
@@ -206,11 +210,8 @@ impl Drafter {
             prediction,
             length: spec.max_draft(),
             cost: spec.cost_check().then_some(CostCheck {
-                plain: None,
-                spec_seconds: None,
-                spec_tokens: None,
-                pause: 0,
                 backoff: MIN_PAUSE,
+                ..CostCheck::default()
             }),
             stats: SpeculationStats::default(),
         }
@@ -302,27 +303,34 @@ impl Drafter {
         }
     }
 
-    /// Adds a step of speculation that gave `tokens` in `seconds` to the cost check, and pauses
-    /// guessing while speculation's tokens come dearer than plain decoding's.
+    /// Adds a step of speculation that gave `tokens` in `seconds` to the cost check; every
+    /// [`JUDGED_STEPS`] steps, pauses guessing if their tokens came dearer than plain decoding's.
     fn weigh(&mut self, seconds: f64, tokens: usize) {
         let Some(cost) = &mut self.cost else {
             return;
         };
-        let spec_seconds = average(cost.spec_seconds, seconds);
-        let spec_tokens = average(cost.spec_tokens, tokens as f64);
-        (cost.spec_seconds, cost.spec_tokens) = (Some(spec_seconds), Some(spec_tokens));
-        let per_token = spec_seconds / spec_tokens;
-        match cost.plain {
-            // No plain time yet: a few plain steps, queued ahead where the session can.
-            None => cost.pause = MIN_PAUSE,
-            Some(plain) if per_token > plain => {
-                cost.pause = cost.backoff;
-                cost.backoff = (cost.backoff * 2).min(MAX_PAUSE);
-                // The first guess after the pause is a cheap probe; it grows if accepted.
-                self.length = 1;
-            }
+        cost.spec_seconds += seconds;
+        cost.spec_tokens += tokens;
+        cost.spec_steps += 1;
+        if cost.spec_steps < JUDGED_STEPS {
+            return;
+        }
+        let Some(plain) = cost.plain else {
+            // No plain time yet: a few plain steps, queued ahead where the session can; these
+            // steps are judged after them.
+            cost.pause = MIN_PAUSE;
+            return;
+        };
+        let per_token = cost.spec_seconds / cost.spec_tokens as f64;
+        (cost.spec_seconds, cost.spec_tokens, cost.spec_steps) = (0.0, 0, 0);
+        if per_token > plain {
+            cost.pause = cost.backoff;
+            cost.backoff = (cost.backoff * 2).min(MAX_PAUSE);
+            // The first guess after the pause is a cheap probe; it grows if accepted.
+            self.length = 1;
+        } else {
             // Paying again: the next pause (if any) shorter.
-            _ => cost.backoff = (cost.backoff / 2).max(MIN_PAUSE),
+            cost.backoff = (cost.backoff / 2).max(MIN_PAUSE);
         }
     }
 }
@@ -456,23 +464,35 @@ mod tests {
         })
     }
 
-    /// Passes that cost more per token than plain steps pause guessing for 4, then 8, 16 ...
-    /// 64 steps; a pass that pays resets the pause; without a clock (0 s) nothing pauses.
+    /// Speculation's steps are judged 4 at a time: sets whose tokens cost more than plain steps
+    /// pause guessing for 4, then 8, 16 ... 64 steps; a set that pays shortens the next pause;
+    /// without a clock (0 s) nothing pauses.
     #[test]
     fn the_cost_check_pauses_guessing_while_passes_do_not_pay() {
         let mut d = Drafter::new(&Speculation::lookup(4));
-        // No plain time yet: 4 plain steps first, the rest of them queued ahead.
-        d.record(4, 0, 0.003);
+        // No plain time yet: after 4 steps of speculation, 4 plain steps, the rest of them
+        // queued ahead.
+        for _ in 0..4 {
+            assert!(!d.paused());
+            d.record(4, 0, 0.003);
+        }
         for left in (0..4).rev() {
             assert!(d.paused());
             assert_eq!(d.plain_steps_after_this(), left);
             d.record_plain(0.001);
         }
         assert!(!d.paused());
-        // 3 ms for 1 token against 1 ms plain: pause 4, then 8.
+        // 3 ms for 1 token against 1 ms plain: those 4 steps and the next are judged a loss,
+        // then each 4 more: pause 4, then 8 ...
         let mut pauses = Vec::new();
+        let mut steps_between = Vec::new();
         for _ in 0..5 {
-            d.record(4, 0, 0.003);
+            let mut steps = 0;
+            while !d.paused() {
+                d.record(4, 0, 0.003);
+                steps += 1;
+            }
+            steps_between.push(steps);
             let mut steps = 0;
             while d.paused() {
                 // The rest of the pause may be queued ahead; none past it.
@@ -484,34 +504,32 @@ mod tests {
             assert_eq!(d.plain_steps_after_this(), 0);
             pauses.push(steps);
         }
+        assert_eq!(steps_between, [1, 4, 4, 4, 4]);
         assert_eq!(pauses, [4, 8, 16, 32, 64]);
         assert_eq!(d.next_length(8), 1, "after a pause, a one-token probe");
-        d.record(4, 0, 0.003);
+        for _ in 0..4 {
+            d.record(4, 0, 0.003);
+        }
         assert!(d.paused(), "the longest pause is kept");
         while d.paused() {
             d.record_plain(0.001);
         }
-        // Passes that pay (5 tokens in 2 ms) bring the average down and reset the pause.
-        let (mut paid, mut paused_while_paying) = (0, 0);
-        while d.paused() || paid < 20 {
-            if d.paused() {
-                d.record_plain(0.001);
-                paused_while_paying += 1;
-            } else {
-                d.record(4, 4, 0.002);
-                paid += 1;
-            }
+        // Passes that pay (5 tokens in 2 ms) shorten the pause after each set of 4.
+        for _ in 0..20 {
+            d.record(4, 4, 0.002);
+            assert!(!d.paused());
+        }
+        // One bad pass among good ones does not lose the set: 9 ms for 16 tokens.
+        for step in 0..4 {
+            d.record(4, if step == 3 { 0 } else { 4 }, if step == 3 { 0.003 } else { 0.002 });
         }
         assert!(!d.paused());
-        d.record(4, 0, 0.003);
-        assert!(
-            !d.paused(),
-            "one bad pass after many good ones does not lose on average"
-        );
-        assert_eq!(
-            d.stats.paused_steps,
-            4 + 4 + 8 + 16 + 32 + 64 + 64 + paused_while_paying
-        );
+        // The pause after the next loss is back to the shortest.
+        for _ in 0..4 {
+            d.record(4, 0, 0.003);
+        }
+        assert_eq!(d.plain_steps_after_this(), 3);
+        assert_eq!(d.stats.paused_steps, 4 + 4 + 8 + 16 + 32 + 64 + 64);
 
         let mut no_clock = Drafter::new(&Speculation::lookup(4));
         for _ in 0..10 {
@@ -521,7 +539,9 @@ mod tests {
         }
         let mut unchecked = Drafter::new(&Speculation::lookup(4).without_cost_check());
         unchecked.record_plain(0.001);
-        unchecked.record(4, 0, 0.1);
+        for _ in 0..8 {
+            unchecked.record(4, 0, 0.1);
+        }
         assert!(!unchecked.paused());
     }
 
@@ -531,27 +551,31 @@ mod tests {
     #[test]
     fn steps_without_a_guess_count_against_speculation() {
         let mut gpu = Drafter::new(&Speculation::lookup(8));
-        gpu.record_plain(0.0015);
-        let mut pauses = Vec::new();
+        let (mut unguessed, mut pauses) = (Vec::new(), Vec::new());
         for _ in 0..4 {
+            let mut steps = 0;
+            while !gpu.paused() {
+                // Unguessed, waiting for its id: 1.5 ms against 1 ms queued.
+                gpu.record_plain(0.0015);
+                steps += 1;
+            }
+            unguessed.push(steps);
             let mut steps = 0;
             while gpu.paused() {
                 gpu.record_plain(0.001);
                 steps += 1;
             }
             pauses.push(steps);
-            // Unguessed, waiting for its id: 1.5 ms against 1 ms queued.
-            gpu.record_plain(0.0015);
         }
-        assert_eq!(
-            pauses,
-            [4, 4, 8, 16],
-            "the first pause takes the plain time"
-        );
+        // The first set waits for the plain time its pause takes, and is judged on the next step.
+        assert_eq!(unguessed, [4, 1, 4, 4]);
+        assert_eq!(pauses, [4, 4, 8, 16]);
         assert_eq!(gpu.stats.verifications, 0);
 
         let mut cpu = Drafter::new(&Speculation::lookup(8));
-        cpu.record_plain(0.001);
+        for _ in 0..4 {
+            cpu.record_plain(0.001);
+        }
         while cpu.paused() {
             cpu.record_plain(0.001);
         }
