@@ -76,8 +76,7 @@ for f in files:
             runs = [llama_lookup(model, prompt) for _ in range(reps)]
             cells[name]["llama"].append(statistics.median(x["tps"] for x in runs))
             last[("llama", name)] = runs[-1]
-            # llama-lookup evaluates all but the prompt's last token before decoding
-            cells[name]["llama_plain"].append(llama_plain(model, runs[-1]["encoded"] + 1))
+            cells[name]["llama_plain"].append(llama_plain(model, runs[-1]["encoded"]))
     for name in prompts:
         c = {k: statistics.median(v) for k, v in cells[name].items()}
         l, m = last[("lean", name)], last[("llama", name)]
@@ -88,7 +87,7 @@ for f in files:
                      "llama_cpp": {"plain": c["llama_plain"], "lookup": c["llama"],
                                    "speedup": c["llama"] / c["llama_plain"], "generated": m["generated"],
                                    "accepted": m["accepted"], "drafted": m["drafted"],
-                                   "prompt_tokens": m["encoded"] + 1},
+                                   "prompt_tokens": m["encoded"]},
                      "lookup_ratio": c["lean"] / c["llama"]})
 
 print(f"{threads} threads, guesses of up to 8 tokens, median of {rounds} rounds x {reps} reps")
