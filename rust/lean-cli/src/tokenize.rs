@@ -38,8 +38,9 @@ fn line_for(tokenizer: &lean::Tokenizer, args: &TokenizeArgs, input: &str) -> Cl
     if !args.chat {
         return Ok(serde_json::to_string(&tokenizer.encode(input, true)?)?);
     }
-    let messages: Vec<lean::ChatMessage> = serde_json::from_str(input)
-        .map_err(|e| format!("a chat is a JSON array of {{\"role\", \"content\"}} messages: {e}"))?;
+    let messages: Vec<lean::ChatMessage> = serde_json::from_str(input).map_err(|e| {
+        format!("a chat is a JSON array of {{\"role\", \"content\"}} messages: {e}")
+    })?;
     Ok(match args.template_text {
         true => serde_json::to_string(&tokenizer.apply_chat_template(&messages, true)?)?,
         false => serde_json::to_string(&tokenizer.encode_chat(&messages, true)?)?,
@@ -68,8 +69,8 @@ pub fn run(args: TokenizeArgs) -> CliResult {
             false => serde_json::from_str(&line)
                 .map_err(|e| format!("stdin line {}: not a JSON string: {e}", index + 1))?,
         };
-        let output =
-            line_for(&tokenizer, &args, &input).map_err(|e| format!("stdin line {}: {e}", index + 1))?;
+        let output = line_for(&tokenizer, &args, &input)
+            .map_err(|e| format!("stdin line {}: {e}", index + 1))?;
         writeln!(out, "{output}")?;
     }
     Ok(())

@@ -396,7 +396,11 @@ fn tokenize_chat_gives_the_chat_prompt_as_ids_or_as_the_template_text() {
     assert!(ok, "{err}");
     assert_eq!(chat_ids, text_ids);
     let ids: Vec<u64> = serde_json::from_str(chat_ids.trim()).unwrap();
-    assert_eq!(ids.iter().filter(|&&id| id == 1).count(), 3, "three <|im_start|>: {ids:?}");
+    assert_eq!(
+        ids.iter().filter(|&&id| id == 1).count(),
+        3,
+        "three <|im_start|>: {ids:?}"
+    );
     // A message without content is an error that says what a chat is.
     let (ok, _, err) = lean(&["tokenize", "-m", model, "--chat", r#"[{"role": "user"}]"#]);
     assert!(!ok && err.contains("content"), "{err}");

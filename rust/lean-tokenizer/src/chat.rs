@@ -207,7 +207,10 @@ impl ChatTemplate {
         let context: Value = context.into_iter().collect();
         let given = serde_json::to_vec(messages).map_or(0, |json| json.len())
             + serde_json::to_vec(kwargs).map_or(0, |json| json.len())
-            + special_tokens.iter().map(|(_, text)| text.len()).sum::<usize>();
+            + special_tokens
+                .iter()
+                .map(|(_, text)| text.len())
+                .sum::<usize>();
         let max_output = template_max_output(given);
         let template = self
             .env

@@ -521,7 +521,11 @@ mod tests {
         }
         // One bad pass among good ones does not lose the set: 9 ms for 16 tokens.
         for step in 0..4 {
-            d.record(4, if step == 3 { 0 } else { 4 }, if step == 3 { 0.003 } else { 0.002 });
+            d.record(
+                4,
+                if step == 3 { 0 } else { 4 },
+                if step == 3 { 0.003 } else { 0.002 },
+            );
         }
         assert!(!d.paused());
         // The pause after the next loss is back to the shortest.
