@@ -495,9 +495,6 @@ fn apply_transformers_class_pipeline(
     use tokenizers::pre_tokenizers::{byte_level::ByteLevel, sequence::Sequence};
     use tokenizers::{normalizers::NFC, PreTokenizerWrapper};
 
-    // transformers/models/qwen2/tokenization_qwen2.py, PRETOKENIZE_REGEX
-    const QWEN2_PRETOKENIZE_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-
     let class = config
         .get("tokenizer_class")
         .and_then(Json::as_str)
@@ -509,15 +506,40 @@ fn apply_transformers_class_pipeline(
         .get("add_prefix_space")
         .and_then(Json::as_bool)
         .unwrap_or(false);
+    inner.with_normalizer(Some(NFC));
+    inner.with_decoder(Some(ByteLevel::default()));
+    // A tokenizer built from a Qwen GGUF has this pre-tokenizer already: compiling the regex
+    // again would double the build's largest cost (~1.5 ms).
+    let current = inner
+        .get_pre_tokenizer()
+        .and_then(|p| serde_json::to_value(p).ok());
+    if current == Some(qwen2_pre_tokenizer_json(add_prefix_space)) {
+        return Ok(());
+    }
     let split = constant_regex_split(QWEN2_PRETOKENIZE_REGEX)
         .map_err(|e| TokenizerError::TokenizerJson(format!("Qwen2 pre-tokenizer regex: {e}")))?;
-    inner.with_normalizer(Some(NFC));
     inner.with_pre_tokenizer(Some(Sequence::new(vec![
         PreTokenizerWrapper::Split(split),
         PreTokenizerWrapper::ByteLevel(ByteLevel::new(add_prefix_space, true, false)),
     ])));
-    inner.with_decoder(Some(ByteLevel::default()));
     Ok(())
+}
+
+/// transformers/models/qwen2/tokenization_qwen2.py, PRETOKENIZE_REGEX.
+pub(crate) const QWEN2_PRETOKENIZE_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Qwen2's pre-tokenizer as `tokenizers` serializes it (checked against the built one in a test):
+/// its split regex, then byte-level without a regex of its own.
+fn qwen2_pre_tokenizer_json(add_prefix_space: bool) -> Json {
+    serde_json::json!({
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": QWEN2_PRETOKENIZE_REGEX},
+             "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": true,
+             "use_regex": false},
+        ]
+    })
 }
 
 /// A Split pre-tokenizer (isolating its matches) on `regex`, one of transformers' constant
@@ -538,4 +560,27 @@ pub(crate) fn constant_regex_split(
         tokenizers::SplitDelimiterBehavior::Isolated,
         false,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The JSON that lets a Qwen GGUF's tokenizer keep its pre-tokenizer is the one `tokenizers`
+    /// writes for the built one (were it not, the regex would only be compiled twice again).
+    #[test]
+    fn qwen2s_pre_tokenizer_json_is_the_built_ones() {
+        use tokenizers::pre_tokenizers::{byte_level::ByteLevel, sequence::Sequence};
+        use tokenizers::PreTokenizerWrapper;
+        for add_prefix_space in [false, true] {
+            let built = PreTokenizerWrapper::Sequence(Sequence::new(vec![
+                PreTokenizerWrapper::Split(constant_regex_split(QWEN2_PRETOKENIZE_REGEX).unwrap()),
+                PreTokenizerWrapper::ByteLevel(ByteLevel::new(add_prefix_space, true, false)),
+            ]));
+            assert_eq!(
+                serde_json::to_value(&built).unwrap(),
+                qwen2_pre_tokenizer_json(add_prefix_space)
+            );
+        }
+    }
 }

@@ -14,8 +14,6 @@ use crate::TokenizerError;
 
 // transformers/integrations/gguf/gguf_tokenizer_mapping.py, GGUF_PRE_TOKENIZER_SPLITS.
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-// transformers/models/qwen2/tokenization_qwen2.py, PRETOKENIZE_REGEX.
-const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// The split regex of a `tokenizer.ggml.pre`, or `None` for the ones that keep GPT-2's own
 /// (byte-level pre-tokenizer with its built-in regex). Names outside both lists are refused: we
@@ -24,7 +22,7 @@ fn split_regex(pre: &str) -> Result<Option<&'static str>, ()> {
     Ok(Some(match pre {
         "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
         | "lfm2" | "dbrx" | "smaug-bpe" => LLAMA3_SPLIT,
-        "qwen2" | "deepseek-r1-qwen" | "megrez" => QWEN2_SPLIT,
+        "qwen2" | "deepseek-r1-qwen" | "megrez" => crate::QWEN2_PRETOKENIZE_REGEX,
         // transformers has no split of its own for these: GPT-2's regex. (llama.cpp splits
         // SmolLM's digits one by one; transformers, our reference, does not.)
         "default" | "gpt-2" | "gpt2" | "smollm" => return Ok(None),
