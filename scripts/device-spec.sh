@@ -15,6 +15,9 @@
 #   scripts/device-spec.sh run-constrained   there, instead of `run`: decode with and without a
 #                                 JSON-schema constraint (issue 24's order_items schema),
 #                                 interleaved, 5 reps each, GPU and CPU; JSON lines into $OUT
+#   scripts/device-spec.sh exec CMD...   there, instead of `run`: CMD after the set-up (models
+#                                 joined into $LEAN_MODELS, the Vulkan loader installed; the
+#                                 binaries in /tmp/spec/bin), for one-off measurements
 #   scripts/device-spec.sh run-verify   there, instead of `run`: the GPU's verification passes
 #                                 (VERIFY_PASSES: shaped, shaped-all, baseline, baseline-all, matmul = the
 #                                 prefill-shaped LEAN_GPU_VERIFY_MATMUL=1) in `bench-spec`, and
@@ -201,5 +204,6 @@ case "${1:-}" in
     run) run_there ;;
     run-constrained) run_constrained ;;
     run-verify) run_verify ;;
-    *) echo "usage: $0 prepare [MODEL...] | stash | run | run-constrained | run-verify" >&2; exit 2 ;;
+    exec) shift; setup_there && "$@" ;;
+    *) echo "usage: $0 prepare [MODEL...] | stash | run | run-constrained | run-verify | exec CMD..." >&2; exit 2 ;;
 esac
