@@ -205,8 +205,8 @@ impl ChatTemplate {
                 .map(|(name, value)| (name.as_str(), Value::from_serialize(value))),
         );
         let context: Value = context.into_iter().collect();
-        let given = serde_json::to_vec(messages).map_or(0, |json| json.len())
-            + serde_json::to_vec(kwargs).map_or(0, |json| json.len())
+        let given = json_len(messages)
+            + json_len(kwargs)
             + special_tokens
                 .iter()
                 .map(|(_, text)| text.len())
@@ -239,6 +239,22 @@ impl ChatTemplate {
             Err(e) => Err(TokenizerError::Template(describe(&e))),
         }
     }
+}
+
+/// The length of `value`'s JSON, counted as it is written (no copy of a long chat is kept).
+fn json_len<T: serde::Serialize + ?Sized>(value: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, value).map_or(0, |()| count.0)
 }
 
 /// `n` bytes for a person: "2.5 MiB", "300 KiB", "12 bytes".
