@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
+use minijinja::budget::{self, Deadline, Exceeded, Limits};
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, Output, State};
 use serde_json::Value as Json;
@@ -83,21 +84,53 @@ pub(crate) const TEMPLATE_FUEL: u64 = 20_000_000;
 /// encoding, so a fixed cap as large as any chat could need (64 MiB once) let a 50-byte
 /// recursive macro cost 10 s and 2 GiB after a fast render (found by fuzzing).
 pub(crate) const TEMPLATE_OUTPUT_ALLOWANCE: usize = 1 << 20;
-/// Bytes a render's `{{ }}` may write in all, into the output and into captures (a macro's or a
-/// block's result, written again by its caller), as a multiple of the output cap: fuel counts
-/// instructions, not bytes, and a macro that calls itself twice doubles its result at each level;
-/// found by fuzzing, such a template took 1.7 s of copying before its fuel ran out.
-pub(crate) const TEMPLATE_WRITTEN_PER_OUTPUT: usize = 4;
+/// Bytes a render may create in all, as a multiple of the output cap: strings and lists its
+/// operators and filters build, and what `{{ }}` writes into the output and into captures (a
+/// macro's or a block's result, written again by its caller). Fuel counts instructions, not
+/// bytes: one `~`, `replace` or `join` may double or square what it is given, and a macro that
+/// calls itself twice doubles its result at each level (found by fuzzing: 1.7 s of copying
+/// before the fuel ran out). One value may not exceed the output cap. minijinja asks before it
+/// allocates (lean's patch, `rust/vendor/minijinja/src/budget.rs`).
+pub(crate) const TEMPLATE_CREATED_PER_OUTPUT: usize = 8;
 
 /// The most a render over `given` bytes of input may write.
 pub(crate) fn template_max_output(given: usize) -> usize {
     TEMPLATE_OUTPUT_ALLOWANCE.saturating_add(given.saturating_mul(2))
 }
 
-thread_local! {
-    /// The bytes the render running on this thread may write through `{{ }}` in all (renders are
-    /// synchronous, so the formatter finds its render's bound here).
-    static WRITTEN_LIMIT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+/// How long a render may run: real templates take milliseconds over thousands of turns, but
+/// one instruction may work in proportion to its values (`s|upper` on a 1 MB string, 100,000
+/// times), which neither fuel nor the byte limits bound.
+pub(crate) const TEMPLATE_TIME_LIMIT_MS: f64 = 1000.0;
+
+/// What a render over `given` bytes may create, and until when it may run.
+fn template_limits(given: usize) -> Limits {
+    let max_output = template_max_output(given);
+    Limits {
+        value_bytes: max_output,
+        total_bytes: max_output.saturating_mul(TEMPLATE_CREATED_PER_OUTPUT),
+        deadline: Some(Deadline {
+            now_ms: clock_ms,
+            at_ms: clock_ms() + TEMPLATE_TIME_LIMIT_MS,
+        }),
+    }
+}
+
+/// Milliseconds on a monotonic clock (the deadline's).
+#[cfg(not(target_arch = "wasm32"))]
+fn clock_ms() -> f64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs_f64()
+        * 1e3
+}
+
+/// Milliseconds on the page's clock (`std::time::Instant` panics on wasm32-unknown-unknown).
+#[cfg(target_arch = "wasm32")]
+fn clock_ms() -> f64 {
+    js_sys::Date::now()
 }
 
 /// `strftime_now` reads the system clock while the pinned time is this.
@@ -153,7 +186,7 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.set_keep_trailing_newline(false);
         env.set_fuel(Some(TEMPLATE_FUEL));
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_unknown_method_callback(python_methods);
         env.set_formatter(python_formatter);
         env.add_function("raise_exception", raise_exception);
         env.add_filter("tojson", tojson);
@@ -168,8 +201,15 @@ impl ChatTemplate {
                 Ok(strftime(format, now))
             },
         );
-        env.add_template_owned(TEMPLATE_NAME, source)
-            .map_err(|e| TokenizerError::Template(describe(&e)))?;
+        // Constant folding builds values too (`'x' * 10**8`): a fold refused here is left to
+        // the render, under the render's limits.
+        let limits = Limits {
+            deadline: None, // no instructions run
+            ..template_limits(source.len())
+        };
+        let (added, _) =
+            budget::with_limits(limits, || env.add_template_owned(TEMPLATE_NAME, source));
+        added.map_err(|e| TokenizerError::Template(describe(&e)))?;
         Ok(ChatTemplate { env, pinned_time })
     }
 
@@ -212,6 +252,7 @@ impl ChatTemplate {
                 .map(|(_, text)| text.len())
                 .sum::<usize>();
         let max_output = template_max_output(given);
+        let limits = template_limits(given);
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
@@ -221,10 +262,8 @@ impl ChatTemplate {
             limit: max_output,
             overflowed: false,
         };
-        let previous =
-            WRITTEN_LIMIT.replace(max_output.saturating_mul(TEMPLATE_WRITTEN_PER_OUTPUT));
-        let rendered = template.render_captured_to(context, &mut out);
-        WRITTEN_LIMIT.set(previous);
+        let (rendered, usage) =
+            budget::with_limits(limits, || template.render_captured_to(context, &mut out));
         match rendered {
             Ok(_) => String::from_utf8(out.bytes)
                 .map_err(|_| TokenizerError::Template("the output is not valid UTF-8".into())),
@@ -233,6 +272,21 @@ impl ChatTemplate {
                 bytes(max_output),
                 bytes(given)
             ))),
+            Err(_) if usage.exceeded.is_some() => Err(TokenizerError::Template(match usage.exceeded {
+                Some(Exceeded::Value(size)) => format!(
+                    "the template made a value of {} or more, over its limit of {} (1 MiB beyond twice the {} it was given); stopped (a template that explodes?)",
+                    bytes(size),
+                    bytes(limits.value_bytes),
+                    bytes(given)
+                ),
+                Some(Exceeded::Time) => format!(
+                    "the template ran longer than {TEMPLATE_TIME_LIMIT_MS} ms; stopped (work in proportion to long values, in a loop?)"
+                ),
+                _ => format!(
+                    "the template created more than {} in all (strings and lists it built, and what macros and blocks return to their callers); stopped (a template that explodes?)",
+                    bytes(limits.total_bytes)
+                ),
+            })),
             Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(TokenizerError::Template(format!(
                 "the template ran more than {TEMPLATE_FUEL} instructions; stopped (a loop that does not end?)"
             ))),
@@ -327,53 +381,60 @@ fn system_time() -> Result<i64, Error> {
     ))
 }
 
+/// Python's str, list and dict methods (minijinja-contrib's pycompat), with the two that can
+/// build a string far larger than their inputs charged first: `str.replace` and `str.join`.
+fn python_methods(
+    state: &State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, Error> {
+    if let Some(text) = value.as_str() {
+        match (method, args) {
+            ("replace", [from, to, ..]) => {
+                if let (Some(from), Some(to)) = (from.as_str(), to.as_str()) {
+                    budget::charge_replace(text, from, to)?;
+                }
+            }
+            ("join", [items]) => {
+                let mut out = budget::Charged::new(String::new());
+                let mut written = Ok(());
+                for (i, item) in items.try_iter()?.enumerate() {
+                    if i > 0 {
+                        written = out.write_str(text);
+                    }
+                    if written.is_ok() {
+                        written = write!(out, "{item}");
+                    }
+                    if written.is_err() {
+                        break;
+                    }
+                }
+                return Ok(Value::from(out.finish(written)?));
+            }
+            _ => {}
+        }
+    }
+    minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+}
+
 /// Prints values as jinja2 does (Python's `str`): strings raw, `None`, `True`/`False`, Python
 /// reprs for lists and dicts, Python float reprs. Autoescaping stays off, as in transformers.
 fn python_formatter(out: &mut Output, state: &State, value: &Value) -> Result<(), Error> {
     match value.kind() {
         ValueKind::String => {
             let text = value.as_str().unwrap_or_default();
-            count_written(state, text.len())?;
+            budget::charge_total(text.len())?;
             out.write_str(text).map_err(Error::from)
         }
         ValueKind::None | ValueKind::Bool | ValueKind::Number | ValueKind::Seq | ValueKind::Map => {
             let mut text = String::new();
             python_str(&mut text, value)?;
-            count_written(state, text.len())?;
+            budget::charge_total(text.len())?;
             out.write_str(&text).map_err(Error::from)
         }
         _ => minijinja::escape_formatter(out, state, value),
     }
-}
-
-/// The bytes a render's `{{ }}` wrote so far (a temp of the render: macros share it).
-#[derive(Debug, Default)]
-struct Written(std::sync::atomic::AtomicUsize);
-
-impl minijinja::value::Object for Written {}
-
-/// Adds `len` bytes to the render's count, refused past its [`WRITTEN_LIMIT`] (none outside
-/// [`ChatTemplate::render`], as in tests that render directly).
-fn count_written(state: &State, len: usize) -> Result<(), Error> {
-    let limit = match WRITTEN_LIMIT.get() {
-        0 => usize::MAX,
-        limit => limit,
-    };
-    let written = state.get_or_set_temp_object("lean_written_bytes", Written::default);
-    let total = written
-        .0
-        .fetch_add(len, Ordering::Relaxed)
-        .saturating_add(len);
-    if total > limit {
-        return Err(Error::new(
-            ErrorKind::InvalidOperation,
-            format!(
-                "the template wrote more than {} counting what macros and blocks return to their callers; stopped (a template that explodes?)",
-                bytes(limit)
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// Python's `str(value)`: like `repr` except that a top-level string is itself.
@@ -398,6 +459,7 @@ fn python_repr(out: &mut String, value: &Value) -> Result<(), Error> {
                     out.push_str(", ");
                 }
                 python_repr(out, &item)?;
+                budget::check_value(out.len())?; // one long string, many times
             }
             out.push(']');
         }
@@ -410,10 +472,11 @@ fn python_repr(out: &mut String, value: &Value) -> Result<(), Error> {
                 python_repr(out, &key)?;
                 out.push_str(": ");
                 python_repr(out, &value.get_item(&key)?)?;
+                budget::check_value(out.len())?;
             }
             out.push('}');
         }
-        _ => out.push_str(&value.to_string()),
+        _ => out.push_str(&budget::to_string(value)?),
     }
     Ok(())
 }
@@ -630,21 +693,24 @@ impl JsonDumper {
             if i > 0 {
                 out.push_str(&self.item_separator);
             }
-            self.newline(out, depth + 1);
+            self.newline(out, depth + 1)?;
             write_item(out, item)?;
+            budget::check_value(out.len())?; // one long string, many times
         }
-        self.newline(out, depth);
+        self.newline(out, depth)?;
         out.push(close);
         Ok(())
     }
 
-    fn newline(&self, out: &mut String, depth: usize) {
+    fn newline(&self, out: &mut String, depth: usize) -> Result<(), Error> {
         if let Some(indent) = &self.indent {
+            budget::check_value(out.len() + 1 + depth.saturating_mul(indent.len()))?;
             out.push('\n');
             for _ in 0..depth {
                 out.push_str(indent);
             }
         }
+        Ok(())
     }
 
     /// json.dumps turns str, int, float, bool and None keys into strings.
@@ -985,7 +1051,7 @@ mod tests {
             // tokenize): stopped by the bytes its results carry up, bounded by the input's size.
             (
                 &*format!("{{% macro f(n) %}}{{% if n > 5 %}}{{{{ f(n - 7) }}}}{{{{ f(n - 1) }}}}{}{{% endif %}}{{% endmacro %}}{{{{ f(51) }}}}", "raw text ".repeat(44)),
-                "wrote more than 4.0 MiB",
+                "created more than 8.0 MiB in all",
             ),
             // The same text written at the top level: refused at the output cap.
             (
@@ -995,6 +1061,65 @@ mod tests {
             ("{{ 'x' * 1000000000 }}", "too large"),
             ("{{ range(1000000000000)|length }}", "too many"),
         ];
+        // Values that grow past the render's limits, each from a few bytes: before minijinja
+        // asked first (lean's patch), each aborted the process on a failed allocation or ran
+        // for minutes. A value over the output cap is refused before it is built.
+        const VALUE: &str = "the template made a value of";
+        const TOTAL: &str = "created more than 8.0 MiB in all";
+        const TIME: &str = "ran longer than 1000 ms";
+        const NESTED: &str =
+            "{% set a = ['x' * 100000] * 10 %}{% set b = [a] * 10 %}{% set c = [b] * 10 %}";
+        let doubling = |step: &str| {
+            format!("{{% set ns = namespace(s='x') %}}{{% for i in range(60) %}}{{% set ns.s = {step} %}}{{% endfor %}}{{{{ ns.s|length }}}}")
+        };
+        let growing: Vec<(String, &str)> = vec![
+            (doubling("ns.s ~ ns.s"), VALUE),
+            (doubling("ns.s + ns.s"), VALUE),
+            (doubling("[ns.s, ns.s]|join"), VALUE),
+            (doubling("ns.s|replace('x', 'xx')"), VALUE),
+            (doubling("ns.s.replace('x', 'xx')"), VALUE),
+            (doubling("'%s%s'|format(ns.s, ns.s)"), VALUE),
+            (doubling("'{}{}'.format(ns.s, ns.s)"), VALUE),
+            (doubling("''.join([ns.s, ns.s])"), VALUE),
+            (doubling("(ns.s ~ ns.s)|upper"), VALUE),
+            ("{% set ns = namespace(l=[1]) %}{% for i in range(60) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l|last }}".into(), VALUE),
+            ("{{ ('x' * 1000)|replace('x', 'x' * 10000) }}".into(), VALUE),
+            ("{{ 'a\nb\nc'|indent(10000000000) }}".into(), VALUE),
+            ("{{ ([1] * 1000000000000)|list|length }}".into(), VALUE),
+            ("{{ ([1] * 1000000000000)|sort|first }}".into(), VALUE),
+            ("{{ ([1] * 1000000000)|join|length }}".into(), VALUE),
+            ("{{ ((['x'] * 1000000000) ~ '')|length }}".into(), VALUE),
+            ("{{ (messages * 100000000)|tojson|length }}".into(), VALUE),
+            ("{{ [1]|slice(1000000000000) }}".into(), VALUE),
+            ("{{ [1]|batch(1000000000000, 'x') }}".into(), VALUE),
+            ("{{ '%999999999999s'|format('x') }}".into(), VALUE),
+            ("{{ '{:>999999999999}'.format('x') }}".into(), VALUE),
+            ("{{ '%.999999999f'|format(1.5) }}".into(), VALUE),
+            ("{{ messages|tojson(indent='x' * 1000000) }}".into(), VALUE),
+            // A list of lists of one 100 KB string: 100 MB as text, however it is written.
+            (format!("{NESTED}{{{{ c }}}}"), "wrote more than 1.0 MiB"), // streamed: the output cap
+            (format!("{NESTED}{{{{ c|string|length }}}}"), VALUE),
+            (format!("{NESTED}{{{{ c|tojson|length }}}}"), VALUE),
+            (format!("{NESTED}{{{{ (c ~ '')|length }}}}"), VALUE),
+            (format!("{NESTED}{{{{ c|join|length }}}}"), VALUE),
+            (format!("{NESTED}{{{{ c|pprint|length }}}}"), VALUE),
+            (format!("{NESTED}{{{{ c|e|length }}}}"), VALUE),
+            (format!("{NESTED}{{{{ '%s'|format(c)|length }}}}"), VALUE),
+            (format!("{NESTED}{{{{ '{{}}'.format(c)|length }}}}"), VALUE),
+            (format!("{NESTED}{{{{ ''.join(c)|length }}}}"), VALUE),
+            // Many values each under the cap: stopped by the total.
+            ("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = ns.l + [('x' * 500000) ~ i] %}{% endfor %}".into(), TOTAL),
+            ("{% set s = 'x' * 500000 %}{% for i in range(100000) %}{% set t = s|replace('x', 'y') ~ i %}{% endfor %}".into(), TOTAL),
+            // Work in proportion to a 1 MB value, 100,000 times: stopped by the deadline.
+            ("{% set s = 'x' * 1000000 %}{% for i in range(100000) %}{% set t = s|upper %}{% endfor %}".into(), TIME),
+            ("{% set s = 'x' * 1000000 %}{% for i in range(100000) %}{% set t = s|list %}{% endfor %}".into(), TIME),
+            ("{% set s = 'x' * 1000000 %}{% for i in range(100000) %}{% if 'y' in s %}{% endif %}{% endfor %}".into(), TIME),
+            ("{% set l = range(100000)|list %}{% for i in range(100000) %}{% set t = l|sort %}{% endfor %}".into(), TIME),
+            // Folded at compile time, then refused by the render.
+            ("{{ ('x' * 99999999)|length }}".into(), VALUE),
+        ];
+        let growing: Vec<(&str, &str)> = growing.iter().map(|(s, w)| (s.as_str(), *w)).collect();
+        let cases: Vec<(&str, &str)> = cases.into_iter().chain(growing).collect();
         for (source, want) in cases {
             let start = std::time::Instant::now();
             let err = render_chat(source, &hi).unwrap_err().to_string();
@@ -1025,13 +1150,21 @@ mod tests {
         let chat = ChatTemplate::compile(source.to_string()).unwrap();
         let template = chat.env.get_template(TEMPLATE_NAME).unwrap();
         let context = minijinja::context! { messages => Value::from_serialize(&messages), add_generation_prompt => true };
-        let captured = template
-            .render_captured_to(context, std::io::sink())
-            .unwrap();
-        let (used, _) = captured.state().fuel_levels().unwrap();
+        let limits = template_limits(json_len(&messages));
+        let (captured, usage) = budget::with_limits(limits, || {
+            template.render_captured_to(context, std::io::sink())
+        });
+        let (used, _) = captured.unwrap().state().fuel_levels().unwrap();
         assert!(
             used < TEMPLATE_FUEL / 20,
             "2,000 turns used {used} of {TEMPLATE_FUEL} fuel"
+        );
+        // Its `+` builds each turn's text, then writes it: about twice the output.
+        assert!(
+            usage.charged < limits.total_bytes / 3,
+            "2,000 turns created {} of {}",
+            usage.charged,
+            limits.total_bytes
         );
     }
 
