@@ -63,6 +63,14 @@ export interface ChatCompletionCreateParamsBase {
    */
   prediction?: { type: "content"; content: string | ChatCompletionContentPartText[] } | null;
   /**
+   * lean: speculative decoding for this request, as `engine.chat`'s option: `{ lookup: n }`
+   * (prompt lookup, guesses of up to n tokens) or `{ draft: n }` (the draft model loaded with
+   * `engine.loadDraft`). The reply is the same, sooner where guesses are kept. With
+   * `prediction`, lookup searches the prediction first (not with `draft`); not with
+   * `response_format` or a required tool call.
+   */
+  speculative?: { lookup: number } | { draft: number } | null;
+  /**
    * Structured output, OpenAI's shape: `{ type: "json_schema", json_schema: { name, schema,
    * strict } }`, `{ type: "json_object" }` or `{ type: "text" }`; lean adds `{ type: "regex",
    * pattern }` and `{ type: "grammar", lark }`. The reply always follows it (constrained
@@ -257,10 +265,15 @@ export class ChatCompletions {
     const format = params.response_format ?? undefined;
     const constrained = toEngineConstraint(format, "response_format") !== null;
     const tools = toEngineTools(params.tools, params.tool_choice, { tools: "tools", toolChoice: "tool_choice" });
-    if (tools?.forced && (constrained || prediction !== undefined)) {
+    const speculative = params.speculative ?? undefined;
+    if (speculative !== undefined && (typeof speculative !== "object" || Array.isArray(speculative))) {
+      throw new TypeError("speculative must be { lookup: n } or { draft: n }");
+    }
+    if (tools?.forced && (constrained || prediction !== undefined || speculative !== undefined)) {
+      const other = constrained ? "response_format" : prediction !== undefined ? "prediction" : "speculative";
       throw leanError(
         ErrorName.Tool,
-        `a required tool call (tool_choice "required" or a function) does not combine with ${constrained ? "response_format" : "prediction"}`,
+        `a required tool call (tool_choice "required" or a function) does not combine with ${other}`,
       );
     }
     const toolOptions = tools === null ? {} : { tools: params.tools!, ...(params.tool_choice ? { toolChoice: params.tool_choice } : {}) };
@@ -272,7 +285,10 @@ export class ChatCompletions {
       ...(params.seed === undefined || params.seed === null ? {} : { seed: params.seed }),
       ...(stop ? { stop } : {}),
       ...(params.signal ? { signal: params.signal } : {}),
-      ...(prediction !== undefined ? { speculative: { prediction } } : {}),
+      // Checked by the engine (lengths, draft with a prediction, a constraint).
+      ...(prediction !== undefined || speculative !== undefined
+        ? { speculative: { ...speculative, ...(prediction !== undefined ? { prediction } : {}) } }
+        : {}),
       ...(constrained ? { responseFormat: format } : {}),
       ...toolOptions,
     };

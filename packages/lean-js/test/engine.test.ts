@@ -665,6 +665,35 @@ describe("engine.chat.completions (OpenAI's shape)", () => {
     ).rejects.toThrow(/prediction.type must be "content"/);
   });
 
+  it("passes lean's speculative option on, with a prediction's guesses, and refuses what does not combine", async () => {
+    const { engine, worker } = await started();
+    const pending = engine.chat.completions.create({ messages, temperature: 0, speculative: { draft: 4 } });
+    expect((await answer(worker, ["Hi"], "stop", 0)).params).toMatchObject({ speculative: { draft: 4 } });
+    await pending;
+    const predicted = engine.chat.completions.create({
+      messages,
+      temperature: 0,
+      speculative: { lookup: 6 },
+      prediction: { type: "content", content: "def f():" },
+    });
+    const request = await answer(worker, ["def"], "stop", 0);
+    expect(request.params).toMatchObject({ speculative: { lookup: 6, prediction: "def f():" } });
+    await predicted;
+    const refused = (params: Record<string, unknown>) => engine.chat.completions.create({ messages, ...params } as never);
+    await expect(refused({ speculative: { draft: 4 }, prediction: { type: "content", content: "x" } })).rejects.toThrow(
+      /speculative.draft does not combine with lookup or prediction/,
+    );
+    await expect(refused({ speculative: { lookup: 0 } })).rejects.toThrow(/at least 1/);
+    await expect(refused({ speculative: 8 })).rejects.toThrow(/speculative must be \{ lookup: n \} or \{ draft: n \}/);
+    await expect(refused({ speculative: { lookup: 4 }, response_format: { type: "json_object" } })).rejects.toThrow(
+      /responseFormat does not combine with speculative decoding/,
+    );
+    const tool = { type: "function", function: { name: "f", parameters: { type: "object" } } };
+    await expect(refused({ speculative: { lookup: 4 }, tools: [tool], tool_choice: "required" })).rejects.toThrow(
+      /does not combine with speculative/,
+    );
+  });
+
   it("returns a ChatCompletion with OpenAI's fields, usage and cached tokens", async () => {
     const { engine, worker } = await started();
     const pending = engine.chat.completions.create({
