@@ -396,22 +396,7 @@ fn python_methods(
                     budget::charge_replace(text, from, to)?;
                 }
             }
-            ("join", [items]) => {
-                let mut out = budget::Charged::new(String::new());
-                let mut written = Ok(());
-                for (i, item) in items.try_iter()?.enumerate() {
-                    if i > 0 {
-                        written = out.write_str(text);
-                    }
-                    if written.is_ok() {
-                        written = write!(out, "{item}");
-                    }
-                    if written.is_err() {
-                        break;
-                    }
-                }
-                return Ok(Value::from(out.finish(written)?));
-            }
+            ("join", [items]) => return Ok(Value::from(budget::join(items.try_iter()?, text)?)),
             _ => {}
         }
     }

@@ -17,6 +17,7 @@ use std::cell::Cell;
 use std::fmt;
 
 use crate::error::{Error, ErrorKind};
+use crate::value::Value;
 
 /// What a render may create, and until when it may run (see the module docs).
 #[derive(Debug, Clone, Copy)]
@@ -63,7 +64,7 @@ pub struct Usage {
 }
 
 /// The bytes a list item is charged: the size of a `Value`.
-pub const ITEM_BYTES: usize = std::mem::size_of::<crate::value::Value>();
+pub const ITEM_BYTES: usize = std::mem::size_of::<Value>();
 
 thread_local! {
     static LIMITS: Cell<Option<Limits>> = const { Cell::new(None) };
@@ -196,6 +197,24 @@ impl<W: fmt::Write> fmt::Write for Charged<W> {
         }
         self.inner.write_str(s)
     }
+}
+
+/// `items` displayed one after another with `joiner` between them (the `join` filter's text,
+/// and pycompat's `str.join`), charged as it is written: a list may hold one long string many
+/// times.
+pub fn join(items: impl Iterator<Item = Value>, joiner: &str) -> Result<String, Error> {
+    use fmt::Write;
+    let mut out = Charged::new(String::new());
+    let written = items.enumerate().try_for_each(|(i, item)| {
+        if i > 0 {
+            out.write_str(joiner)?;
+        }
+        match item.as_str() {
+            Some(text) => out.write_str(text),
+            None => write!(out, "{item}"),
+        }
+    });
+    out.finish(written)
 }
 
 /// `value`'s `Display` text, charged as it is written (see [`Charged`]).

@@ -474,27 +474,6 @@ mod builtins {
         value: &Value,
         joiner: Option<StringInput<'_>>,
     ) -> Result<Value, Error> {
-        // lean: charged as it grows (a list may hold one long string many times)
-        fn join_plain(iter: impl Iterator<Item = Value>, joiner: &str) -> Result<String, Error> {
-            let mut output = crate::budget::Charged::new(String::new());
-            let mut written = Ok(());
-            for (idx, item) in iter.enumerate() {
-                if idx > 0 {
-                    written = output.write_str(joiner);
-                }
-                if written.is_ok() {
-                    written = match item.as_str() {
-                        Some(string) => output.write_str(string),
-                        None => write!(output, "{item}"),
-                    };
-                }
-                if written.is_err() {
-                    break;
-                }
-            }
-            output.finish(written)
-        }
-
         fn join_safe(
             state: &State,
             iter: impl Iterator<Item = Value>,
@@ -526,7 +505,7 @@ mod builtins {
         }));
 
         if matches!(state.auto_escape(), AutoEscape::None) {
-            return Ok(Value::from(ok!(join_plain(iter, joiner_str))));
+            return Ok(Value::from(ok!(crate::budget::join(iter, joiner_str))));
         }
 
         if joiner.as_ref().is_some_and(StringInput::is_safe) {
@@ -549,7 +528,10 @@ mod builtins {
                 &joiner
             ))))
         } else {
-            Ok(Value::from(ok!(join_plain(items.into_iter(), joiner_str))))
+            Ok(Value::from(ok!(crate::budget::join(
+                items.into_iter(),
+                joiner_str
+            ))))
         }
     }
 
