@@ -7,7 +7,8 @@
 # lean-fuzz --bin make-seeds`); new inputs that widen coverage go to fuzz/artifacts/corpus-new/
 # (not committed unless a crash made them worth keeping), crashes to fuzz/artifacts/<target>/.
 # Prints one line per target: runs, coverage, peak RSS. Needs the nightly of scripts/build.sh
-# (installs cargo-fuzz the first time). Env: LEAN_FUZZ_RSS_MB (default 2048), LEAN_FUZZ_JOBS.
+# (installs cargo-fuzz the first time). Env: LEAN_FUZZ_RSS_MB (default 2048), LEAN_FUZZ_JOBS,
+# LEAN_FUZZ_SANITIZER (address, the default, or none: 5-10x the inputs, as CI runs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
@@ -23,7 +24,8 @@ for t in "${targets[@]}"; do
   mkdir -p "$new" "fuzz/artifacts/$t"
   log="fuzz/artifacts/$t.log"
   # -timeout: one input may take at most 10 s (a hang is a finding); -rss_limit_mb bounds memory.
-  if cargo +"$nightly" fuzz run --fuzz-dir fuzz "$t" "$new" "fuzz/corpus/$t" -- \
+  if cargo +"$nightly" fuzz run --fuzz-dir fuzz --sanitizer "${LEAN_FUZZ_SANITIZER:-address}" \
+      "$t" "$new" "fuzz/corpus/$t" -- \
       -max_total_time="$seconds" -timeout=10 -rss_limit_mb="${LEAN_FUZZ_RSS_MB:-2048}" \
       -print_final_stats=1 > "$log" 2>&1; then
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo '?')

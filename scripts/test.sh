@@ -10,6 +10,8 @@
 #   1a. lean-quant's tests for wasm32-wasip1 with simd128 under Node (scripts/test-wasi.sh): the
 #      browser builds' kernels against the scalar references,
 #   1b. lean-cli serve through the official openai client (npm, rust/lean-cli/tests/openai-client),
+#   1c. each fuzz target for 10 s from its committed corpus (scripts/fuzz.sh: libFuzzer on the
+#      nightly of build.sh, no sanitizer; the corpora are also replayed in step 1),
 #   3. both WebAssembly builds (scripts/build.sh: its single-thread build compiles the library
 #      crates for wasm32 +simd128 without default features, the multi-thread one with threads;
 #      up to date after step 0) and lean-js's unit tests (vitest),
@@ -23,7 +25,7 @@ scripts/fetch-test-models.sh "$LEAN_MODELS"
 
 fresh=""
 log=$(mktemp)
-trap 'rm -rf "$fresh" "$log" "$log.js" "$log.browser" "$log.openai"' EXIT
+trap 'rm -rf "$fresh" "$log" "$log.js" "$log.browser" "$log.openai" "$log.fuzz"' EXIT
 demo_status=0
 if [ "${LEAN_TEST_WARM:-0}" != 1 ]; then
   echo "== the README's first command (scripts/demo.sh) from an empty cargo registry and npm cache"
@@ -49,6 +51,10 @@ npm ci --prefix rust/lean-cli/tests/openai-client --no-audit --no-fund
 LEAN_CLI=${CARGO_TARGET_DIR:-$PWD/target}/debug/lean-cli \
   node --test rust/lean-cli/tests/openai-client/openai-client.test.mjs 2>&1 | tee "$log.openai" || openai_status=$?
 
+echo "== fuzz targets, 10 s each from their committed corpora (libFuzzer, no sanitizer)"
+fuzz_status=0
+LEAN_FUZZ_SANITIZER=none scripts/fuzz.sh 10 2>&1 | tee "$log.fuzz" || fuzz_status=$?
+
 echo "== WebAssembly builds and lean-js (vitest)"
 scripts/build.sh
 npm ci --no-audit --no-fund
@@ -64,7 +70,9 @@ awk '/^test result:/ { p += $4; f += $6 } END { printf "rust: %d passed, %d fail
 sed 's/\x1b\[[0-9;]*m//g' "$log.js" | grep -E '^ +Tests +' | tail -1 | sed 's/^ */lean-js: /' || true
 awk '/^(ℹ|#) pass / { p = $3 } /^(ℹ|#) fail / { f = $3 } END { printf "openai client: %d passed, %d failed\n", p, f }' "$log.openai"
 grep -E '^browser: ' "$log.browser" | tail -1 || true
+grep -E '^fuzz ' "$log.fuzz" || true
 [ "$demo_status" = 0 ] || echo "check-demo-fresh: the README's first command failed (above)"
 [ "$browser_status" = 0 ] || exit "$browser_status"
 [ "$openai_status" = 0 ] || exit "$openai_status"
+[ "$fuzz_status" = 0 ] || exit "$fuzz_status"
 exit "$demo_status"
