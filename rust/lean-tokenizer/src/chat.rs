@@ -251,8 +251,9 @@ impl ChatTemplate {
                 .iter()
                 .map(|(_, text)| text.len())
                 .sum::<usize>();
-        let max_output = template_max_output(given);
+        // The output cap is also the largest value (`template_limits`).
         let limits = template_limits(given);
+        let max_output = limits.value_bytes;
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
