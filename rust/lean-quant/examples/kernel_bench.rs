@@ -3,7 +3,11 @@
 //! second) and, for matvec, GB/s of weight bytes read; then `vecmat` on a decode step's attention.
 //!
 //! cargo run --release -p lean-quant --example kernel_bench -- [--types Q4_0,Q8_0] [--isa avx2]
-//!     [--threads 1,2] [--tokens 512] [--no-matmul]
+//!     [--threads 1,2] [--tokens 512] [--no-matmul] [--columns 1,2,4,8]
+//!
+//! `--columns` adds `matvec_columns` (speculative decoding's verification pass, one thread) on
+//! the verification shapes: its time for k activation columns against k single-column matvecs
+//! (what a path without a multi-column kernel runs), both in units of one matvec.
 //!
 //! `LEAN_VNNI=0` keeps the avx512 path's Q4_0/Q4_1 matvec on its f32 kernels instead of the
 //! VNNI limb kernels, for comparing the two.
@@ -29,6 +33,7 @@ struct Options {
     threads: Vec<usize>,
     tokens: usize,
     matmul: bool,
+    columns: Vec<usize>,
 }
 
 fn parse_options() -> Result<Options, String> {
@@ -41,6 +46,7 @@ fn parse_options() -> Result<Options, String> {
         threads: vec![1, 2],
         tokens: 512,
         matmul: true,
+        columns: Vec::new(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -66,6 +72,14 @@ fn parse_options() -> Result<Options, String> {
             "--threads" => {
                 options.threads = list()
                     .map(|n| n.parse().map_err(|e| format!("--threads {n}: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--columns" => {
+                options.columns = list()
+                    .map(|n| match n.parse() {
+                        Ok(0) | Err(_) => Err(format!("--columns {n}: not a column count")),
+                        Ok(n) => Ok(n),
+                    })
                     .collect::<Result<_, _>>()?
             }
             "--tokens" => {
@@ -225,6 +239,79 @@ fn main() {
         }
     }
     attention_bench(&options, &pools);
+    if !options.columns.is_empty() {
+        columns_bench(&options);
+    }
+}
+
+/// (rows, cols) of a verification pass's matrices: SmolLM2-135M's q/o, gate/up, down and tied
+/// LM head, Qwen2.5-0.5B's q/o, gate/up and down (the downs the only ones K-quants fit).
+const COLUMN_SHAPES: [(usize, usize); 7] = [
+    (576, 576),
+    (1536, 576),
+    (576, 1536),
+    (49152, 576),
+    (896, 896),
+    (4864, 896),
+    (896, 4864),
+];
+
+/// `matvec_columns` for each `--columns` count k on one thread, against the same k columns
+/// as k `matvec_serial` calls (the fallback: `rows` per column, which also splits each
+/// column's activations again on the limb kernels) and one `matvec_serial` (the unit).
+fn columns_bench(options: &Options) {
+    let most = options.columns.iter().copied().max().unwrap_or(1);
+    println!("matvec_columns (one thread; times in units of one matvec)");
+    println!(
+        "{:<8} {:<5} {:>11} {:>3} | {:>9} {:>10} {:>6} | {:>11} {:>6}",
+        "path", "type", "rows x cols", "k", "matvec us", "columns us", "x1", "k matvec us", "x1"
+    );
+    for &ty in &options.types {
+        for &(rows, cols) in &COLUMN_SHAPES {
+            if cols % ty.block_len() != 0 {
+                continue;
+            }
+            let w = weights(ty, rows, cols);
+            let x: Vec<f32> = (0..cols * most)
+                .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+                .collect();
+            let mut y = vec![vec![0f32; rows]; most];
+            for &isa in &options.isas {
+                let one = best_time(Duration::from_millis(300), || {
+                    isa.matvec_serial(ty, &w, rows, cols, &x[..cols], &mut y[0])
+                })
+                .as_secs_f64();
+                for &k in &options.columns {
+                    let x = &x[..k * cols];
+                    let together = best_time(Duration::from_millis(300), || {
+                        let mut ys: Vec<&mut [f32]> =
+                            y[..k].iter_mut().map(|y| y.as_mut_slice()).collect();
+                        isa.matvec_columns(ty, &w, rows, cols, x, &mut ys)
+                    })
+                    .as_secs_f64();
+                    let apart = best_time(Duration::from_millis(300), || {
+                        for (xc, y) in x.chunks_exact(cols).zip(y.iter_mut()) {
+                            isa.matvec_serial(ty, &w, rows, cols, xc, y)
+                        }
+                    })
+                    .as_secs_f64();
+                    println!(
+                        "{:<8} {:<5} {:>5}x{:<5} {:>3} | {:9.1} {:10.1} {:6.2} | {:11.1} {:6.2}",
+                        isa.name(),
+                        ty.name(),
+                        rows,
+                        cols,
+                        k,
+                        one * 1e6,
+                        together * 1e6,
+                        together / one,
+                        apart * 1e6,
+                        apart / one
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// Runs `f` in `pool`, or on this thread.

@@ -1112,14 +1112,14 @@ impl ActiveGeneration {
         self.max_tokens.saturating_sub(self.token_ids().len() + 1)
     }
 
-    /// How many plain steps surely follow the next one, which a session may queue ahead: all
-    /// the tokens left without speculation; while the cost check pauses guessing, the rest of
-    /// the pause (a verification pass would discard passes queued past it); else none.
+    /// How many plain steps probably follow the next one, which a session may queue ahead: all
+    /// the tokens left without speculation; with it, the drafter's
+    /// `passes_to_queue_after_this` (a verification pass discards passes queued past it).
     fn plain_steps_ahead(&self) -> usize {
         let after_next = self.tokens_after_next();
         match &self.drafter {
             None => after_next,
-            Some(drafter) => drafter.plain_steps_after_this().min(after_next),
+            Some(drafter) => drafter.passes_to_queue_after_this().min(after_next),
         }
     }
 

@@ -20,7 +20,8 @@
 //! platform has a clock) compares seconds per token: plain decoding's, a moving average over the
 //! steps it pauses guessing for (which a GPU session queues ahead, as plain decoding does), and
 //! speculation's, summed over its latest 4 steps: verification passes and the steps that found
-//! no guess (which cannot be queued ahead: the next one may guess). Judging 4 steps at a time,
+//! no guess (a GPU queues one pass behind such a step, as plain decoding does; the next step's
+//! verification discards it when that step does guess). Judging 4 steps at a time,
 //! each set judged once, keeps one slow step (the first ones after prefill take 4–10× a plain
 //! step on a CPU) from deciding several pauses in a row. While speculation's tokens come dearer
 //! it runs plain steps for a while (4, then twice as many after each further loss, up to 64),
@@ -226,6 +227,21 @@ impl Drafter {
     /// (a session may queue them ahead); 0 otherwise.
     pub fn plain_steps_after_this(&self) -> usize {
         self.cost.as_ref().map_or(0, |c| c.pause.saturating_sub(1))
+    }
+
+    /// The passes a session may queue behind a step that runs without a guess: the rest of the
+    /// pause, and with prompt lookup at least one. A step whose lookup found nothing is mostly
+    /// followed by another (open chat), and a pass queued behind it keeps a GPU busy while its
+    /// id comes back; where the next step does find a guess, its verification discards that
+    /// pass (its work is lost, and the verification waits behind it). A draft model guesses at
+    /// every step, so it queues nothing beyond the pause.
+    pub fn passes_to_queue_after_this(&self) -> usize {
+        let pause_left = self.plain_steps_after_this();
+        if self.uses_draft_model() {
+            pause_left
+        } else {
+            pause_left.max(1)
+        }
     }
 
     /// Books a step that ran without a guess and took `seconds` (0 where the platform has no
@@ -549,9 +565,9 @@ mod tests {
         assert!(!unchecked.paused());
     }
 
-    /// A step whose guessing found nothing is speculation's cost too: on a GPU it waits for its
-    /// id where plain decoding would have queued it ahead. Where such steps cost more than the
-    /// paused (queued) ones, guessing pauses; where they cost the same (a CPU), it does not.
+    /// A step whose guessing found nothing is speculation's cost too: on a GPU its lookup and
+    /// the passes it discards make it dearer than a paused step. Where such steps cost more than
+    /// the paused ones, guessing pauses; where they cost the same (a CPU), it does not.
     #[test]
     fn steps_without_a_guess_count_against_speculation() {
         let mut gpu = Drafter::new(&Speculation::lookup(8));
@@ -591,6 +607,41 @@ mod tests {
         cpu.record(4, 3, 0.0012);
         assert!(!cpu.paused());
         assert_eq!(cpu.stats.paused_steps, 4);
+    }
+
+    /// Behind a step without a guess a session may queue the rest of the pause, and with prompt
+    /// lookup always one pass (the next step mostly finds no guess either); a draft model, which
+    /// guesses at every step, queues only the pause.
+    #[test]
+    fn one_pass_is_queued_behind_an_unguessed_lookup_step() {
+        let mut lookup = Drafter::new(&Speculation::lookup(8));
+        assert_eq!(lookup.passes_to_queue_after_this(), 1);
+        for _ in 0..4 {
+            lookup.record_plain(0.001);
+        }
+        // No plain time yet: a pause of 4 steps, the last one with a pass queued behind it.
+        let mut queued = Vec::new();
+        while lookup.paused() {
+            queued.push(lookup.passes_to_queue_after_this());
+            lookup.record_plain(0.001);
+        }
+        assert_eq!(queued, [3, 2, 1, 1]);
+        assert_eq!(
+            Drafter::new(&Speculation::lookup(8).without_cost_check()).passes_to_queue_after_this(),
+            1
+        );
+
+        let mut draft = Drafter::new(&Speculation::draft_model(4));
+        assert_eq!(draft.passes_to_queue_after_this(), 0);
+        for _ in 0..4 {
+            draft.record(4, 0, 0.004);
+        }
+        let mut queued = Vec::new();
+        while draft.paused() {
+            queued.push(draft.passes_to_queue_after_this());
+            draft.record_plain(0.001);
+        }
+        assert_eq!(queued, [3, 2, 1, 0]);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use core::arch::wasm32::*;
 pub(super) static KERNELS: Kernels = Kernels {
     dot,
     rows,
-    columns: None,
+    columns: Some(columns),
     dequant,
     vecmat: super::fallback::vecmat,
     gemm: Gemm {
@@ -26,7 +26,28 @@ pub(super) static KERNELS: Kernels = Kernels {
 /// See `RowsFn`: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K through integer dots over limb-split activations
 /// (see `simd128_limbs`), the rest one fused dot per row.
 unsafe fn rows(ty: TensorType, w: &[u8], row_bytes: usize, x: &[f32], y: &mut [f32]) {
-    if matches!(
+    if limb_type(ty) && limbs() && super::simd128_limbs::rows(ty, w, row_bytes, x, y) {
+        return;
+    }
+    super::rows_by_dot(dot, ty, w, row_bytes, x, y)
+}
+
+/// See `ColumnsFn`: the limb kernels' multi-column form where `rows` takes them (declining
+/// where they decline: each column then goes to `rows`); other types decline.
+unsafe fn columns(
+    ty: TensorType,
+    w: &[u8],
+    row_bytes: usize,
+    x: &[f32],
+    cols: usize,
+    ys: &mut [&mut [f32]],
+) -> bool {
+    limb_type(ty) && limbs() && super::simd128_limbs::columns(ty, w, row_bytes, x, cols, ys)
+}
+
+/// The types the limb kernels (`simd128_limbs`) compute.
+fn limb_type(ty: TensorType) -> bool {
+    matches!(
         ty,
         TensorType::Q4_0
             | TensorType::Q4_1
@@ -34,12 +55,7 @@ unsafe fn rows(ty: TensorType, w: &[u8], row_bytes: usize, x: &[f32], y: &mut [f
             | TensorType::Q8_0
             | TensorType::Q4_K
             | TensorType::Q6_K
-    ) && limbs()
-        && super::simd128_limbs::rows(ty, w, row_bytes, x, y)
-    {
-        return;
-    }
-    super::rows_by_dot(dot, ty, w, row_bytes, x, y)
+    )
 }
 
 /// Whether `rows` may take the limb kernels: `LEAN_LIMBS` is not "0" (read where the

@@ -419,9 +419,10 @@ fn limb_error_study() {
 
 /// `matvec_columns` must give each column exactly `matvec_serial`'s bits for it alone:
 /// speculative decoding's verification then agrees with plain decoding on every token. Every
-/// path here; the limb kernels' types (the VNNI kernels and `dot_blocks_columns`, one- and
-/// eight-group units), a float type; 1 to 10 and 17 columns (past each kernel's column chunk);
-/// partial groups of blocks; a column the limb kernels decline (NaN), beside finite ones.
+/// path here; the limb kernels' types (the VNNI and simd128 limb kernels, and
+/// `dot_blocks_columns`, one- and eight-group units), a float type; 1 to 10 and 17 columns
+/// (past each kernel's column chunk); partial groups of blocks; a column the limb kernels
+/// decline (NaN), beside finite ones.
 #[test]
 fn matvec_columns_equal_single_columns_bit_for_bit() {
     let mut state = 11;
