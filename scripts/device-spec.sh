@@ -26,6 +26,18 @@
 #                                 interleaved, and lookup guessing every step with both builds;
 #                                 lean-gpu's kernel and verification-pass tests first; a
 #                                 LEAN_GPU_PROFILE run of each model into $OUT/profile-MODEL.txt
+#   scripts/device-spec.sh run-llama   there, instead of `run`: lean against llama.cpp (its Vulkan
+#                                 build, brought by `LLAMA_VULKAN_BIN=DIR prepare`) on the GPU:
+#                                 scripts/bench-spec-vs-llama-cpp.sh with BACKEND=gpu (prompt
+#                                 lookup on the three tasks, 16 threads, 2 rounds x 3 reps; table
+#                                 into $OUT/spec-vs-llama-cpp.md, rows into .json), then plain
+#                                 prefill 512 + decode 128, `llama-bench -ngl 99` against
+#                                 `lean-cli bench --backend gpu`, per model ($OUT/decode-*.json)
+#
+# prepare with LLAMA_VULKAN_BIN=DIR (e.g. the output of LLAMA_VULKAN=1 scripts/llama-cpp-build.sh
+# llama-bench llama-lookup) also brings llama.cpp's llama-bench and llama-lookup, stripped, in one
+# tar.xz cut into pieces like the models (.devspec/llama-vulkan.tar.xz.NN); setup_there unpacks
+# them into /tmp/spec/llama.
 #
 # .devspec/ is git-ignored through .git/info/exclude and travels only as `carry`.
 set -uo pipefail
@@ -58,6 +70,17 @@ prepare() {
         split -b 54M -d -a 2 "$models/$m" ".devspec/$m."
         sha256sum "$models/$m" | sed "s|  .*/|  |" >>.devspec/bin/SHA256SUMS
     done
+    if [ -n "${LLAMA_VULKAN_BIN:-}" ]; then
+        # ggml-vulkan embeds its SPIR-V shaders: tens of MiB a binary, a few once xz'd.
+        mkdir -p .devspec/llama
+        for t in llama-bench llama-lookup; do
+            strip -o ".devspec/llama/$t" "$LLAMA_VULKAN_BIN/$t"
+        done
+        tar -C .devspec -cf - llama | xz -T2 -6 >.devspec/llama-vulkan.tar.xz
+        rm -r .devspec/llama
+        split -b 54M -d -a 2 .devspec/llama-vulkan.tar.xz .devspec/llama-vulkan.tar.xz.
+        rm .devspec/llama-vulkan.tar.xz
+    fi
     python3 scripts/pack-parts.py .devspec
     scripts/device-gpu.sh prepare-gl
     du -sh .devspec/bin .devspec/part-* .gl
@@ -91,6 +114,14 @@ setup_there() {
     done
     (cd "$LEAN_MODELS" && sha256sum -c "$stash/bin/SHA256SUMS") || return 1
     names_there=$names
+    # llama.cpp's Vulkan binaries, where prepare brought them (python's tarfile: no xz needed there)
+    if find "$stash" -path '*/part-*' -name 'llama-vulkan.tar.xz.*' | grep -q .; then
+        find "$stash" -path '*/part-*' -name 'llama-vulkan.tar.xz.*' | awk -F/ '{print $NF "\t" $0}' |
+            sort | cut -f2 | xargs cat >"$stash/llama-vulkan.tar.xz"
+        python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' \
+            "$stash/llama-vulkan.tar.xz" "$stash" || return 1
+        chmod +x "$stash"/llama/*
+    fi
     # The test binary finds fixtures/ by the path it was built at, and the models folder by the
     # q4_1 file (not brought: its test is not run).
     [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
@@ -198,12 +229,49 @@ run_verify() {
     return $status
 }
 
+# lean against llama.cpp's Vulkan build on this GPU: prompt lookup on the three tasks, then plain
+# prefill and decode.
+run_llama() {
+    setup_there || return 1
+    local status=0 out=${OUT:-/tmp} files=""
+    if [ ! -x "$stash/llama/llama-bench" ] || [ ! -x "$stash/llama/llama-lookup" ]; then
+        echo "run-llama: no llama.cpp binaries came (prepare with LLAMA_VULKAN_BIN=DIR)" >&2
+        return 1
+    fi
+    for m in $names_there; do files="$files ${m%.gguf}"; done
+    echo "=== bench-spec-vs-llama-cpp.sh, BACKEND=gpu:$files"
+    BACKEND=gpu LEAN_CLI=$stash/bin/lean-cli LLAMA_BIN=$stash/llama THREADS=16 ROUNDS=2 REPS=3 \
+        FILES="$files" JSON_OUT=$out/spec-vs-llama-cpp.json \
+        scripts/bench-spec-vs-llama-cpp.sh "$LEAN_MODELS" | tee "$out/spec-vs-llama-cpp.md" || status=1
+    for m in $names_there; do
+        echo "=== plain decode $m: llama-bench -ngl 99 -p 512 -n 128 vs lean-cli bench --backend gpu"
+        "$stash/llama/llama-bench" -m "$LEAN_MODELS/$m" -ngl 99 -t 16 -p 512 -n 128 -r 3 -o json \
+            >"$out/decode-llama-cpp-$m.json" 2>"$out/decode-llama-cpp-$m.log" || status=1
+        "$stash/bin/lean-cli" bench -m "$LEAN_MODELS/$m" --backend gpu --threads 16 \
+            --prompt-tokens 512 --gen-tokens 128 --reps 3 --json \
+            >"$out/decode-lean-$m.json" 2>"$out/decode-lean-$m.log" || status=1
+        python3 - "$out/decode-llama-cpp-$m.json" "$out/decode-lean-$m.json" <<'PY' || status=1
+import json, sys
+llama, lean = (json.load(open(f)) for f in sys.argv[1:3])
+pp = next(r for r in llama if r["n_prompt"] > 0)
+tg = next(r for r in llama if r["n_gen"] > 0)
+print(f"llama.cpp ({tg.get('backends', '')}, {tg.get('gpu_info', '')}): prefill {pp['avg_ts']:.1f} tok/s, "
+      f"decode {tg['avg_ts']:.1f} tok/s")
+print(f"lean ({lean['backend']}): prefill {lean['prefill_tokens_per_second']:.1f} tok/s, "
+      f"decode {lean['decode_tokens_per_second']:.1f} tok/s "
+      f"(lean/llama.cpp decode {lean['decode_tokens_per_second'] / tg['avg_ts']:.2f}x)")
+PY
+    done
+    return $status
+}
+
 case "${1:-}" in
     prepare) shift; prepare "$@" ;;
     stash) stash_parts ;;
     run) run_there ;;
     run-constrained) run_constrained ;;
     run-verify) run_verify ;;
+    run-llama) run_llama ;;
     exec) shift; setup_there && "$@" ;;
-    *) echo "usage: $0 prepare [MODEL...] | stash | run | run-constrained | run-verify | exec CMD..." >&2; exit 2 ;;
+    *) echo "usage: $0 prepare [MODEL...] | stash | run | run-constrained | run-verify | run-llama | exec CMD..." >&2; exit 2 ;;
 esac
