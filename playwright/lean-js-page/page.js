@@ -305,6 +305,30 @@ window.leanJs = {
     };
   },
 
+  /**
+   * bench-spec.mjs: one greedy chat of `messages` from an empty KV cache, `maxTokens` at most
+   * (it may end on the end of turn), plain or with `speculative` (e.g. `{ lookup: 8 }`); the
+   * ids, to check that speculation gives the same reply, and its guesses kept and refused.
+   */
+  async benchChatSpec({ messages, maxTokens, speculative }) {
+    await engine.resetChat();
+    const options = { maxTokens, temperature: 0, ...(speculative ? { speculative } : {}) };
+    const started = performance.now();
+    const stream = engine.chat(messages, options);
+    for await (const _ of stream);
+    const r = await stream.result;
+    return {
+      wallMs: performance.now() - started,
+      prefillMs: r.prefillMs,
+      decodeMs: r.decodeMs,
+      tokenIds: r.tokenIds,
+      generated: r.tokenIds.length,
+      decodeTokensPerSecond: r.decodeTokensPerSecond,
+      finishReason: r.finishReason,
+      speculation: r.speculation,
+    };
+  },
+
   /** A greedy generation's ids and its prompt's length (tests/lone-gguf.spec.js). */
   async run(prompt, maxTokens) {
     const stream = engine.generate(prompt, { maxTokens, temperature: 0, stopTokenIds: [] });
