@@ -82,17 +82,11 @@ pub(super) unsafe fn columns(
     COLUMN_SPLITS.with(|splits| {
         let mut splits = splits.borrow_mut();
         let n = ys.len();
-        if splits.len() < n {
-            splits.resize_with(n, super::SplitCache::new);
-        }
-        for (c, split) in splits[..n].iter_mut().enumerate() {
-            let xc = &x[c * cols..(c + 1) * cols];
-            if split
-                .get_or_make(ty, xc, |groups| prepare(ty, xc, groups))
-                .is_none()
-            {
-                return false;
-            }
+        // SAFETY: the caller checked the CPU (as `prepare` needs).
+        if !super::split_columns(&mut splits, ty, x, cols, n, |xc, groups| unsafe {
+            prepare(ty, xc, groups)
+        }) {
+            return false;
         }
         let blocks = cols / 32;
         let mut first = 0;

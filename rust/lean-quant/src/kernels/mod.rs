@@ -83,6 +83,27 @@ impl<K: Copy + PartialEq, T> SplitCache<K, T> {
     }
 }
 
+/// The splits of `n` activations of `cols` elements, one after another in `x`, one cache per
+/// column (`splits` grows to `n`), each made by `make` when not cached for `key`: `false` when
+/// `make` declines a column (multi-column kernels then decline the whole call).
+#[allow(dead_code)]
+fn split_columns<K: Copy + PartialEq, T>(
+    splits: &mut Vec<SplitCache<K, T>>,
+    key: K,
+    x: &[f32],
+    cols: usize,
+    n: usize,
+    mut make: impl FnMut(&[f32], &mut Vec<T>) -> bool,
+) -> bool {
+    if splits.len() < n {
+        splits.resize_with(n, SplitCache::new);
+    }
+    splits[..n].iter_mut().enumerate().all(|(c, split)| {
+        let xc = &x[c * cols..(c + 1) * cols];
+        split.get_or_make(key, xc, |out| make(xc, out)).is_some()
+    })
+}
+
 /// One marker type per block format; each ISA module implements its own `Decode` trait for
 /// them, so the format list is written once.
 #[allow(non_camel_case_types, dead_code)]

@@ -156,17 +156,8 @@ pub(super) unsafe fn columns(
     COLUMN_SPLITS.with(|splits| {
         let mut splits = splits.borrow_mut();
         let n = ys.len();
-        if splits.len() < n {
-            splits.resize_with(n, super::SplitCache::new);
-        }
-        for (c, split) in splits[..n].iter_mut().enumerate() {
-            let xc = &x[c * cols..(c + 1) * cols];
-            if split
-                .get_or_make((), xc, |blocks| prepare(xc, blocks))
-                .is_none()
-            {
-                return false;
-            }
+        if !super::split_columns(&mut splits, (), x, cols, n, prepare) {
+            return false;
         }
         let starts: Vec<*const Block> = splits[..n].iter().map(|s| s.held().as_ptr()).collect();
         let units = cols / 32;
