@@ -89,6 +89,16 @@ async function materialize(model) {
   return { ...model, gguf: as() };
 }
 
+/** One chat of `messages` from an empty KV cache, read to its end: its result and wall time. */
+async function timedChat(messages, options) {
+  await engine.resetChat();
+  const started = performance.now();
+  const stream = engine.chat(messages, options);
+  for await (const _ of stream);
+  const r = await stream.result;
+  return { r, wallMs: performance.now() - started };
+}
+
 window.leanJs = {
   /** Creates the engine; reports where each file came from (network or cache). */
   async load({ model, backend, threads, cache, threadPoolTimeoutMs, testHooks }) {
@@ -287,16 +297,12 @@ window.leanJs = {
    * (it holds a constraint's compilation).
    */
   async benchChatDecode({ messages, maxTokens, schema }) {
-    await engine.resetChat();
     const options = schema
       ? { maxTokens, temperature: 0, responseFormat: { type: "json_schema", json_schema: { name: "bench", schema, strict: true } } }
       : { maxTokens, temperature: 0, stopTokenIds: [] };
-    const started = performance.now();
-    const stream = engine.chat(messages, options);
-    for await (const _ of stream);
-    const r = await stream.result;
+    const { r, wallMs } = await timedChat(messages, options);
     return {
-      wallMs: performance.now() - started,
+      wallMs,
       prefillMs: r.prefillMs,
       generated: r.tokenIds.length,
       decodeTokensPerSecond: r.decodeTokensPerSecond,
@@ -311,14 +317,10 @@ window.leanJs = {
    * ids, to check that speculation gives the same reply, and its guesses kept and refused.
    */
   async benchChatSpec({ messages, maxTokens, speculative }) {
-    await engine.resetChat();
     const options = { maxTokens, temperature: 0, ...(speculative ? { speculative } : {}) };
-    const started = performance.now();
-    const stream = engine.chat(messages, options);
-    for await (const _ of stream);
-    const r = await stream.result;
+    const { r, wallMs } = await timedChat(messages, options);
     return {
-      wallMs: performance.now() - started,
+      wallMs,
       prefillMs: r.prefillMs,
       decodeMs: r.decodeMs,
       tokenIds: r.tokenIds,
