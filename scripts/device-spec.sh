@@ -33,6 +33,14 @@
 #                                 into $OUT/spec-vs-llama-cpp.md, rows into .json), then plain
 #                                 prefill 512 + decode 128, `llama-bench -ngl 99` against
 #                                 `lean-cli bench --backend gpu`, per model ($OUT/decode-*.json)
+#   scripts/device-spec.sh run-inflated   there, instead of `run`: speculative decoding at a 3B
+#                                 model's cost per step. `lean-cli inflate` grows INFLATE_SOURCE
+#                                 (qwen2.5-coder-0.5b-instruct-q4_0.gguf) to INFLATE_SHAPE
+#                                 (qwen2.5-3b): the same function, added weights zero. Then plain
+#                                 decode of it beside `bench --synthetic` of that shape, and
+#                                 `bench-spec --backend gpu` (lookup; 128 and 512 tokens, 2 rounds;
+#                                 the source as a draft model once, an upper bound), and with
+#                                 llama.cpp's binaries, bench-spec-vs-llama-cpp.sh on it
 #
 # prepare with LLAMA_VULKAN_BIN=DIR (e.g. the output of LLAMA_VULKAN=1 scripts/llama-cpp-build.sh
 # llama-bench llama-lookup) also brings llama.cpp's llama-bench and llama-lookup, stripped, in one
@@ -266,6 +274,53 @@ PY
     return $status
 }
 
+run_inflated() {
+    setup_there || return 1
+    local status=0 out=${OUT:-/tmp} cli=$stash/bin/lean-cli
+    local src=${INFLATE_SOURCE:-qwen2.5-coder-0.5b-instruct-q4_0.gguf} shape=${INFLATE_SHAPE:-qwen2.5-3b}
+    local big=${src%.gguf}-as-$shape.gguf
+    "$cli" inflate -m "$LEAN_MODELS/$src" --shape "$shape" -o "$LEAN_MODELS/$big" || return 1
+    echo "=== plain decode, 256 tokens: $big, then a random-weight $shape (the same shapes)"
+    "$cli" bench -m "$LEAN_MODELS/$big" --backend gpu --gen-tokens 256 --reps 3 --json \
+        >"$out/decode-inflated.json" || status=1
+    "$cli" bench --synthetic "$shape" --backend gpu --gen-tokens 256 --reps 3 --json \
+        >"$out/decode-synthetic.json" || status=1
+    python3 -c 'import json, sys
+for f in sys.argv[1:]:
+    r = json.load(open(f)); print(f, r["decode_tokens_per_second"])' "$out"/decode-*.json
+    local round tokens
+    for round in 1 2; do
+        for tokens in 128 512; do
+            echo "=== bench-spec --lookup 8 --gen-tokens $tokens, round $round"
+            "$cli" bench-spec -m "$LEAN_MODELS/$big" --tokenizer gguf --backend gpu --lookup 8 \
+                --gen-tokens $tokens --reps 3 --json >"$out/spec-$tokens-r$round.json" || status=1
+        done
+    done
+    echo "=== bench-spec with $src as the draft model (the same function: an upper bound)"
+    "$cli" bench-spec -m "$LEAN_MODELS/$big" --tokenizer gguf --backend gpu --lookup 8 \
+        --draft "$LEAN_MODELS/$src" --gen-tokens 128 --reps 3 --json >"$out/spec-draft.json" || status=1
+    python3 - "$out"/spec-*.json <<'PY'
+import json, sys
+for f in sys.argv[1:]:
+    for t in json.load(open(f))["tasks"]:
+        row = (f"{f.split('/')[-1]:18} {t['task']:8} {t['generated_tokens']:4} tokens: plain "
+               f"{t['plain_decode_tokens_per_second']:7.1f}, lookup {t['lookup_decode_tokens_per_second']:7.1f} "
+               f"({t['speedup']:.2f}x, {t['accepted_tokens']}/{t['drafted_tokens']}, paused {t['paused_steps']})")
+        d = t.get("draft_model")
+        if d:
+            row += (f", draft {d['decode_tokens_per_second']:7.1f} ({d['speedup']:.2f}x, "
+                    f"{d['accepted_tokens']}/{d['drafted_tokens']})")
+        print(row + ("" if t["same_tokens"] else "  TOKENS DIFFER"))
+PY
+    if [ -x "$stash/llama/llama-lookup" ]; then
+        echo "=== bench-spec-vs-llama-cpp.sh, BACKEND=gpu: ${big%.gguf}"
+        BACKEND=gpu LEAN_CLI=$cli LLAMA_BIN=$stash/llama THREADS=16 ROUNDS=2 REPS=3 \
+            FILES="${big%.gguf}" JSON_OUT=$out/spec-vs-llama-cpp.json \
+            scripts/bench-spec-vs-llama-cpp.sh "$LEAN_MODELS" | tee "$out/spec-vs-llama-cpp.md" || status=1
+    fi
+    return $status
+}
+
 case "${1:-}" in
     prepare) shift; prepare "$@" ;;
     stash) stash_parts ;;
@@ -273,6 +328,7 @@ case "${1:-}" in
     run-constrained) run_constrained ;;
     run-verify) run_verify ;;
     run-llama) run_llama ;;
+    run-inflated) run_inflated ;;
     exec) shift; setup_there && "$@" ;;
-    *) echo "usage: $0 prepare [MODEL...] | stash | run | run-constrained | run-verify | run-llama | exec CMD..." >&2; exit 2 ;;
+    *) echo "usage: $0 prepare [MODEL...] | stash | run | run-constrained | run-verify | run-llama | run-inflated | exec CMD..." >&2; exit 2 ;;
 esac

@@ -3,6 +3,7 @@
 mod bench;
 mod bench_chat;
 mod bench_spec;
+mod inflate;
 mod serve;
 mod tokenize;
 
@@ -42,6 +43,8 @@ enum Command {
     BenchChat(bench_chat::BenchChatArgs),
     /// Speculative decoding by prompt lookup against plain decoding on three tasks (same tokens).
     BenchSpec(bench_spec::BenchSpecArgs),
+    /// A model grown to a bigger model's shapes, computing the same function (for benchmarks).
+    Inflate(inflate::InflateArgs),
     /// A local OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions).
     Serve(serve::ServeArgs),
     /// The ids of a text (or of JSON Lines strings from stdin) as a JSON array.
@@ -191,6 +194,7 @@ fn main() -> ExitCode {
         Some(Command::Bench(args)) => bench::run(args),
         Some(Command::BenchChat(args)) => bench_chat::run(args),
         Some(Command::BenchSpec(args)) => bench_spec::run(args),
+        Some(Command::Inflate(args)) => inflate::run(args),
         Some(Command::Serve(args)) => serve::run(args),
         Some(Command::Tokenize(args)) => tokenize::run(args),
         None => run(cli.run),

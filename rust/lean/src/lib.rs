@@ -11,6 +11,7 @@ pub mod config;
 pub mod cpu;
 pub mod engine;
 pub mod error;
+pub mod inflate;
 pub mod model;
 pub mod sampling;
 pub mod session;

@@ -42,14 +42,14 @@ struct Llama3Rope {
 /// implies the rest of the block: q/k/v biases (qwen2), per-head q/k norms (qwen3, gemma3),
 /// post-norms (gemma3).
 #[derive(Clone, Debug)]
-struct ShapeParams {
+pub(crate) struct ShapeParams {
     arch: Architecture,
-    n_layers: usize,
-    n_embd: usize,
-    n_heads: usize,
-    n_kv_heads: usize,
-    head_dim: usize,
-    n_ff: usize,
+    pub(crate) n_layers: usize,
+    pub(crate) n_embd: usize,
+    pub(crate) n_heads: usize,
+    pub(crate) n_kv_heads: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) n_ff: usize,
     vocab_size: usize,
     rope_base: f32,
     rms_eps: f32,
@@ -97,7 +97,7 @@ impl SyntheticShape {
             })
     }
 
-    fn params(self) -> ShapeParams {
+    pub(crate) fn params(self) -> ShapeParams {
         let llama = |n_layers, n_embd, n_heads, n_kv_heads, n_ff, rope_base| ShapeParams {
             arch: Architecture::Llama,
             n_layers,

@@ -152,6 +152,11 @@ impl Model {
         self.bytes.range(m.offset, m.len).unwrap_or(&[])
     }
 
+    /// A tensor's bytes in the file (empty when they are not in memory).
+    pub(crate) fn tensor_data(&self, info: &lean_gguf::TensorInfo) -> &[u8] {
+        self.bytes.range(info.offset, info.size).unwrap_or(&[])
+    }
+
     /// Whether the weight matrices are in memory: false when they streamed straight to a GPU.
     pub fn has_weight_data(&self) -> bool {
         self.bytes.is_whole()
