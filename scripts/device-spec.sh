@@ -39,8 +39,10 @@
 #                                 (qwen2.5-3b): the same function, added weights zero. Then plain
 #                                 decode of it beside `bench --synthetic` of that shape, and
 #                                 `bench-spec --backend gpu` (lookup; 128 and 512 tokens, 2 rounds;
-#                                 the source as a draft model once, an upper bound), and with
-#                                 llama.cpp's binaries, bench-spec-vs-llama-cpp.sh on it
+#                                 the source as a draft model once, an upper bound; the same with
+#                                 LEAN_CLI_BASELINE's lean-cli, interleaved, where it came), and with
+#                                 WITH_LLAMA=1 and llama.cpp's binaries, bench-spec-vs-llama-cpp.sh
+#                                 on it (with all the rest, more than one call's 10 minutes)
 #
 # prepare with LLAMA_VULKAN_BIN=DIR (e.g. the output of LLAMA_VULKAN=1 scripts/llama-cpp-build.sh
 # llama-bench llama-lookup) also brings llama.cpp's llama-bench and llama-lookup, stripped, in one
@@ -288,12 +290,17 @@ run_inflated() {
     python3 -c 'import json, sys
 for f in sys.argv[1:]:
     r = json.load(open(f)); print(f, r["decode_tokens_per_second"])' "$out"/decode-*.json
-    local round tokens
+    local round tokens build
     for round in 1 2; do
         for tokens in 128 512; do
-            echo "=== bench-spec --lookup 8 --gen-tokens $tokens, round $round"
-            "$cli" bench-spec -m "$LEAN_MODELS/$big" --tokenizer gguf --backend gpu --lookup 8 \
-                --gen-tokens $tokens --reps 3 --json >"$out/spec-$tokens-r$round.json" || status=1
+            # LEAN_CLI_BASELINE's build (prepare copies it) beside this one, where it came
+            for build in lean-cli lean-cli-baseline; do
+                [ -x "$stash/bin/$build" ] || continue
+                echo "=== $build bench-spec --lookup 8 --gen-tokens $tokens, round $round"
+                "$stash/bin/$build" bench-spec -m "$LEAN_MODELS/$big" --tokenizer gguf --backend gpu \
+                    --lookup 8 --gen-tokens $tokens --reps 3 --json \
+                    >"$out/spec${build#lean-cli}-$tokens-r$round.json" || status=1
+            done
         done
     done
     echo "=== bench-spec with $src as the draft model (the same function: an upper bound)"
@@ -312,7 +319,7 @@ for f in sys.argv[1:]:
                     f"{d['accepted_tokens']}/{d['drafted_tokens']})")
         print(row + ("" if t["same_tokens"] else "  TOKENS DIFFER"))
 PY
-    if [ -x "$stash/llama/llama-lookup" ]; then
+    if [ "${WITH_LLAMA:-0}" = 1 ] && [ -x "$stash/llama/llama-lookup" ]; then
         echo "=== bench-spec-vs-llama-cpp.sh, BACKEND=gpu: ${big%.gguf}"
         BACKEND=gpu LEAN_CLI=$cli LLAMA_BIN=$stash/llama THREADS=16 ROUNDS=2 REPS=3 \
             FILES="${big%.gguf}" JSON_OUT=$out/spec-vs-llama-cpp.json \

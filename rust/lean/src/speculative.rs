@@ -35,9 +35,10 @@ use crate::session::Session;
 /// How drafts are made.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Speculation {
-    /// Prompt lookup: match the last `max_ngram` tokens (then fewer, down to 1) in `prediction`
-    /// (the occurrence nearest the output's own position in it), else earlier in the prompt and
-    /// output (the latest occurrence), and guess the up to `max_draft` tokens that followed.
+    /// Prompt lookup: match the last `max_ngram` tokens (then fewer) in `prediction` (the
+    /// occurrence nearest the output's own position in it, down to 1 token), else earlier in the
+    /// prompt and output (the latest occurrence, down to [`MIN_CONTEXT_NGRAM`] tokens), and guess
+    /// the up to `max_draft` tokens that followed.
     Lookup {
         max_ngram: usize,
         max_draft: usize,
@@ -52,7 +53,8 @@ pub enum Speculation {
 }
 
 impl Speculation {
-    /// Prompt lookup with drafts of up to `max_draft` tokens, matching n-grams of 3 to 1 tokens.
+    /// Prompt lookup with drafts of up to `max_draft` tokens, matching n-grams of 3 tokens and
+    /// fewer.
     pub fn lookup(max_draft: usize) -> Self {
         Speculation::Lookup {
             max_ngram: 3,
@@ -183,6 +185,15 @@ struct CostCheck {
     backoff: usize,
 }
 
+/// The shortest match prompt lookup guesses from in the prompt and output. A lone token's
+/// earlier occurrence rarely predicts what follows: with every step guessing, 512 tokens of the
+/// three bench-spec tasks, SmolLM2-135M and Qwen2.5-Coder-0.5B kept 0.5–0.9 tokens a pass from
+/// one-token matches, against 0.6–3.5 from two and 4–7 from three (BENCHMARKS.md). A pass that
+/// keeps less than a token costs more than the plain step it replaces, so open chat, where most
+/// matches are of one token, lost. The prediction (OpenAI's `prediction`) is the output's own
+/// expected text, so single tokens are matched there.
+pub const MIN_CONTEXT_NGRAM: usize = 2;
+
 /// Weight of the newest time in plain decoding's average.
 const COST_SMOOTHING: f64 = 0.25;
 /// Steps of speculation judged together.
@@ -293,7 +304,7 @@ impl Drafter {
             }
             // In the prompt and output: the latest occurrence that has a token after it (so it
             // is not the tail itself).
-            if n < ids.len() {
+            if n < ids.len() && n >= MIN_CONTEXT_NGRAM.min(self.max_ngram) {
                 if let Some(start) = (0..ids.len() - n).rev().find(|&j| &ids[j..j + n] == tail) {
                     let from = start + n;
                     return ids[from..(from + want).min(ids.len())].to_vec();
@@ -657,9 +668,13 @@ mod tests {
     #[test]
     fn shorter_ngrams_are_tried_when_longer_ones_miss_and_a_draft_may_run_to_the_end() {
         let d = drafter(3, 8);
-        // No earlier "4 5 9" nor "5 9"; "9" occurs at 2, followed by 3 4 5 9 (up to the end).
-        let ids = [1, 2, 9, 3, 4, 5, 9];
+        // No earlier "4 5 9"; "5 9" occurs at 1, followed by 3 4 5 9 (up to the end).
+        let ids = [1, 5, 9, 3, 4, 5, 9];
         assert_eq!(d.draft(&ids, 0, 8), vec![3, 4, 5, 9]);
+        // A lone token's match guesses nothing: "9" occurs at 2, but no "5 9" before the tail.
+        assert_eq!(d.draft(&[1, 2, 9, 3, 4, 5, 9], 0, 8), Vec::<u32>::new());
+        // Unless the lookup matches single tokens only.
+        assert_eq!(drafter(1, 8).draft(&[1, 2, 9, 3, 9], 0, 8), vec![3, 9]);
         assert_eq!(d.draft(&[1, 2, 3], 0, 8), Vec::<u32>::new());
         assert_eq!(d.draft(&[5], 0, 8), Vec::<u32>::new());
         assert_eq!(d.draft(&[], 0, 8), Vec::<u32>::new());
@@ -676,8 +691,9 @@ mod tests {
         assert_eq!(d.draft(&[1, 2, 5, 6], 2, 8), vec![7, 1, 5]);
         // Output 7 tokens long: the occurrence at 4 (end 6) is nearest.
         assert_eq!(d.draft(&[1, 2, 0, 0, 0, 0, 0, 5, 6], 7, 8), vec![8, 9, 5]);
-        // Not in the prediction: the context.
-        assert_eq!(d.draft(&[3, 2, 3], 1, 8), vec![2, 3]);
+        // Not in the prediction: the context, with two tokens or more.
+        assert_eq!(d.draft(&[3, 2, 0, 3, 2], 1, 8), vec![0, 3, 2]);
+        assert_eq!(d.draft(&[3, 2, 3], 1, 8), Vec::<u32>::new());
         // A one-token output that starts the prediction.
         assert_eq!(d.draft(&[2, 2, 5], 1, 2), vec![6, 7]);
     }
