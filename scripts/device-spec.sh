@@ -38,7 +38,7 @@
 #                                 (qwen2.5-coder-0.5b-instruct-q4_0.gguf) to INFLATE_SHAPE
 #                                 (qwen2.5-3b): the same function, added weights zero. Then plain
 #                                 decode of it beside `bench --synthetic` of that shape, and
-#                                 `bench-spec --backend gpu` (lookup; 128 and 512 tokens, 2 rounds;
+#                                 `bench-spec --backend gpu` (lookup; 128 and 512 tokens, ROUNDS=2;
 #                                 the source as a draft model once, an upper bound; the same with
 #                                 LEAN_CLI_BASELINE's lean-cli, interleaved, where it came), and with
 #                                 WITH_LLAMA=1 and llama.cpp's binaries, bench-spec-vs-llama-cpp.sh
@@ -282,16 +282,11 @@ run_inflated() {
     local src=${INFLATE_SOURCE:-qwen2.5-coder-0.5b-instruct-q4_0.gguf} shape=${INFLATE_SHAPE:-qwen2.5-3b}
     local big=${src%.gguf}-as-$shape.gguf
     "$cli" inflate -m "$LEAN_MODELS/$src" --shape "$shape" -o "$LEAN_MODELS/$big" || return 1
-    echo "=== plain decode, 256 tokens: $big, then a random-weight $shape (the same shapes)"
-    "$cli" bench -m "$LEAN_MODELS/$big" --backend gpu --gen-tokens 256 --reps 3 --json \
-        >"$out/decode-inflated.json" || status=1
-    "$cli" bench --synthetic "$shape" --backend gpu --gen-tokens 256 --reps 3 --json \
-        >"$out/decode-synthetic.json" || status=1
-    python3 -c 'import json, sys
-for f in sys.argv[1:]:
-    r = json.load(open(f)); print(f, r["decode_tokens_per_second"])' "$out"/decode-*.json
+    # The most wanted first: a call cut short by its time limit still returns what $OUT holds.
     local round tokens build
-    for round in 1 2; do
+    for round in $(seq "${ROUNDS:-2}"); do
+        [ "$round" = 1 ] && "$cli" bench -m "$LEAN_MODELS/$big" --backend gpu --gen-tokens 256 \
+            --reps 3 --json >"$out/decode-inflated.json"
         for tokens in 128 512; do
             # LEAN_CLI_BASELINE's build (prepare copies it) beside this one, where it came
             for build in lean-cli lean-cli-baseline; do
@@ -302,10 +297,19 @@ for f in sys.argv[1:]:
                     >"$out/spec${build#lean-cli}-$tokens-r$round.json" || status=1
             done
         done
+        if [ "$round" = 1 ]; then
+            echo "=== a random-weight $shape's plain decode (the same shapes), the draft model run"
+            "$cli" bench --synthetic "$shape" --backend gpu --gen-tokens 256 --reps 3 --json \
+                >"$out/decode-synthetic.json" || status=1
+            # The source as the draft model: the same function, so an upper bound.
+            "$cli" bench-spec -m "$LEAN_MODELS/$big" --tokenizer gguf --backend gpu --lookup 8 \
+                --draft "$LEAN_MODELS/$src" --gen-tokens 128 --reps 3 --json \
+                >"$out/spec-draft.json" || status=1
+        fi
     done
-    echo "=== bench-spec with $src as the draft model (the same function: an upper bound)"
-    "$cli" bench-spec -m "$LEAN_MODELS/$big" --tokenizer gguf --backend gpu --lookup 8 \
-        --draft "$LEAN_MODELS/$src" --gen-tokens 128 --reps 3 --json >"$out/spec-draft.json" || status=1
+    python3 -c 'import json, sys
+for f in sys.argv[1:]:
+    print(f.split("/")[-1], "decode tok/s", json.load(open(f))["decode_tokens_per_second"])' "$out"/decode-*.json
     python3 - "$out"/spec-*.json <<'PY'
 import json, sys
 for f in sys.argv[1:]:
