@@ -220,16 +220,10 @@ fn inflate(source: &Model, to: &GrownShape, name: &str) -> Result<Vec<u8>> {
             rows: rows.clone(),
         })
     };
-    // A norm's (or rope factors') values × `scale`, padded with ones to `len`.
+    // A norm's (or rope factors') values × `scale`, padded with ones to `len` (written as F32).
     let norm_fill = |t: &TensorInfo, scale: f32, len: usize| -> Result<Fill> {
-        if t.ty != TensorType::F32 {
-            return Err(error(format!("norm '{}' is {}, not F32", t.name, t.ty)));
-        }
-        let data = source.tensor_data(t);
-        let mut values: Vec<f32> = data
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")) * scale)
-            .collect();
+        let mut values = source.vector(&t.name, t.n_elements())?;
+        values.iter_mut().for_each(|v| *v *= scale);
         values.resize(len, 1.0);
         Ok(Fill::Values(values))
     };
@@ -247,13 +241,13 @@ fn inflate(source: &Model, to: &GrownShape, name: &str) -> Result<Vec<u8>> {
     // The source's tensors, grown, then the added layers' (zero), named as layer 0's.
     let mut layer0 = Vec::new();
     for t in &source.gguf.tensors {
-        let (layer, part) = match t.name.strip_prefix("blk.") {
-            Some(rest) => match rest.split_once('.') {
-                Some((i, part)) if i.parse::<usize>().is_ok() => (i.parse().ok(), part),
-                _ => (None, t.name.as_str()),
-            },
-            None => (None, t.name.as_str()),
-        };
+        // "blk.{i}.{part}", or a whole-model tensor's name.
+        let (layer, part) = t
+            .name
+            .strip_prefix("blk.")
+            .and_then(|rest| rest.split_once('.'))
+            .and_then(|(i, part)| Some((Some(i.parse::<usize>().ok()?), part)))
+            .unwrap_or((None, t.name.as_str()));
         let maps = match part {
             "token_embd.weight" | "output.weight" => Some((&hidden, &vocab)),
             "attn_q.weight" => Some((&hidden, &q_map)),
@@ -276,10 +270,14 @@ fn inflate(source: &Model, to: &GrownShape, name: &str) -> Result<Vec<u8>> {
             }
             _ => return Err(error(format!("tensor '{}' is not one it knows", t.name))),
         };
+        let ty = match fill {
+            Fill::Values(_) => TensorType::F32,
+            _ => t.ty,
+        };
         if layer == Some(0) {
-            layer0.push((part.to_string(), t.ty, grown_dims.clone()));
+            layer0.push((part.to_string(), ty, grown_dims.clone()));
         }
-        add(&mut w, &t.name, t.ty, grown_dims, fill);
+        add(&mut w, &t.name, ty, grown_dims, fill);
     }
     for i in c.n_layers..to.n_layers {
         for (part, ty, dims) in &layer0 {

@@ -152,6 +152,11 @@ impl Model {
         self.bytes.range(m.offset, m.len).unwrap_or(&[])
     }
 
+    /// A 1-D tensor's values (any type, dequantized), checked to hold `len` of them.
+    pub(crate) fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        weights::read_vector(&self.gguf, &self.bytes, name, len)
+    }
+
     /// A tensor's bytes in the file (empty when they are not in memory).
     pub(crate) fn tensor_data(&self, info: &lean_gguf::TensorInfo) -> &[u8] {
         self.bytes.range(info.offset, info.size).unwrap_or(&[])
