@@ -3,8 +3,8 @@
 # which do not fit one upload (64 MiB): they travel in parts over several calls, kept outside the
 # tree there (/tmp survives between calls while the machine stays warm, 30 s).
 #
-#   scripts/device-spec.sh prepare [MODEL...]   here: release lean-cli and lean-gpu's parity test
-#                                 into .devspec/bin, the Vulkan loader .debs into .gl (as
+#   scripts/device-spec.sh prepare [MODEL...]   here: release lean-cli, gpu_bench and lean-gpu's
+#                                 test binaries into .devspec/bin, the Vulkan loader .debs into .gl (as
 #                                 device-gpu.sh), the models cut into .devspec/part-NN (≤ 55 MiB)
 #   scripts/device-spec.sh stash  there, once per part (carry [".devspec/part-NN"]; the first call
 #                                 also carries .devspec/bin and .gl): copies what came to /tmp/spec
@@ -64,12 +64,13 @@ prepare() {
     models=${LEAN_MODELS:-$HOME/.cache/lean/models}
     CARGO_TARGET_DIR=$target nice -n 19 cargo test --release -p lean-gpu --no-run
     CARGO_TARGET_DIR=$target nice -n 19 cargo build --release -p lean-cli
+    CARGO_TARGET_DIR=$target nice -n 19 cargo build --release -p lean-gpu --example gpu_bench
     rm -rf .devspec && mkdir -p .devspec/bin
     # the newest build of each test binary (deps/ keeps older hashes too)
     for name in parity lean_gpu kernels; do
         cp "$(ls -t "$target"/release/deps/$name-* | grep -v '\.d$' | head -1)" .devspec/bin/$name
     done
-    cp "$target/release/lean-cli" .devspec/bin/
+    cp "$target/release/lean-cli" "$target/release/examples/gpu_bench" .devspec/bin/
     [ -z "${LEAN_CLI_BASELINE:-}" ] || cp "$LEAN_CLI_BASELINE" .devspec/bin/lean-cli-baseline
     strip .devspec/bin/* 2>/dev/null || true
     [ $# -gt 0 ] || set -- smollm2-135m-instruct-q4_0.gguf smollm2-135m-instruct-q8_0.gguf \

@@ -15,7 +15,11 @@
 //! token unrotated in its q|k|v row) runs for the head shapes of the benchmark models at a few
 //! context lengths, rotating over one KV cache per layer as a forward pass does.
 //!
-//! Run: `cargo run --release --example gpu_bench [-- [--small] [TYPE...] [attention]]`
+//! `tokens` runs instead the matvecs of a verification pass (speculative decoding): each decode
+//! matvec of Qwen2.5-3B's shapes with its fusions, for 1 to 16 tokens, the time per dispatch
+//! and against one token's.
+//!
+//! Run: `cargo run --release --example gpu_bench [-- [--small] [TYPE...] [attention | tokens]]`
 //! (`--small`, or a CPU adapter such as lavapipe, uses shapes a tenth the size and fewer
 //! repetitions; type names such as Q4_0 Q6_K restrict the matvec cases to those types,
 //! `attention` alone runs only the read kernels and the attention cases).
@@ -395,6 +399,11 @@ fn main() {
     read_bandwidth(&ctx, &timer, "read vec4<u32>", READ_VEC4, read_bytes);
     read_bandwidth(&ctx, &timer, "read u32", READ_U32, read_bytes);
 
+    if only.iter().any(|o| o == "tokens") {
+        let kernels = subgroup.as_ref().unwrap_or(&kernels);
+        tokens_bench(&ctx, &timer, kernels, small, rotation_bytes);
+        return;
+    }
     let attention_only = !only.is_empty() && only.iter().all(|o| o == "attention");
     if only.is_empty() || only.iter().any(|o| o == "attention") {
         attention_bench(&ctx, &timer, &kernels, small);
@@ -560,4 +569,73 @@ fn attention_bench(ctx: &GpuContext, timer: &Timer, kernels: &Kernels, small: bo
         }
     }
     println!();
+}
+
+/// The matvecs of a verification pass of `tokens` tokens at Qwen2.5-3B's shapes (hidden 2048,
+/// FFN 11008, 16 + 2 + 2 heads of 128, vocabulary 151936), as a decode step fuses them: time per
+/// dispatch for 1 to 16 tokens, rotating over copies of each matrix as `main` does.
+fn tokens_bench(
+    ctx: &GpuContext,
+    timer: &Timer,
+    kernels: &Kernels,
+    small: bool,
+    rotation_bytes: u64,
+) {
+    println!("matvec of several tokens\n");
+    println!("| matvec | type | rows x cols | tokens | time/dispatch | x one token | per token |\n|---|---|---|---|---|---|---|");
+    // (name, type, rows, cols, fusion: 0 plain, 1 norm + bias (q|k|v), 2 norm + SwiGLU pairs,
+    // 3 residual add)
+    let cases = [
+        ("q,k,v", TensorType::Q4_0, 2560, 2048, 1),
+        ("o", TensorType::Q4_0, 2048, 2048, 3),
+        ("gate,up", TensorType::Q4_0, 22016, 2048, 2),
+        ("down", TensorType::Q4_0, 2048, 11008, 3),
+        ("head", TensorType::Q8_0, 151936, 2048, 1),
+        ("head", TensorType::Q6_K, 151936, 2048, 1),
+    ];
+    let width = 11008 + 4;
+    for (name, ty, rows, cols, fusion) in cases {
+        // (even: SwiGLU's rows are pairs)
+        let rows = if small { rows / 20 * 2 } else { rows };
+        let w = random_matrix(ty, rows, cols);
+        let bytes = w.len() as u64;
+        let copies = rotation_bytes.div_ceil(bytes).clamp(1, 64) as usize;
+        let matrices: Vec<GpuMatrix> = (0..copies)
+            .map(|_| GpuMatrix::upload(ctx, ty, rows, cols, &w).expect("upload"))
+            .collect();
+        let x = ctx.upload_f32("x", &random_floats(16 * width));
+        let y = ctx.upload_f32("y", &random_floats(16 * rows));
+        let norm = ctx.upload_f32("norm", &random_floats(cols.next_multiple_of(32)));
+        let bias = ctx.upload_f32("bias", &random_floats(rows));
+        let dispatches = (4 * copies).max(32);
+        let mut one = 0.0;
+        for tokens in [1, 2, 3, 4, 5, 8, 9, 16] {
+            let extras = MatvecExtras {
+                norm: (fusion == 1 || fusion == 2).then_some((&norm, 1e-6)),
+                bias: (fusion == 1).then_some(&bias),
+                swiglu: fusion == 2,
+                accumulate: fusion == 3,
+                tokens,
+                x_width: width,
+                ..Default::default()
+            };
+            let field = RowField::whole(if fusion == 2 { rows / 2 } else { rows });
+            let mut plan = Plan::new();
+            for m in matrices.iter().cycle().take(dispatches) {
+                kernels
+                    .matvec_with(ctx, &mut plan, m, &x, (&y, field), extras)
+                    .expect("matvec");
+            }
+            let per = timer.best(ctx, |encoder| plan.encode(encoder)) / dispatches as f64;
+            if tokens == 1 {
+                one = per;
+            }
+            println!(
+                "| {name} | {ty} | {rows}x{cols} | {tokens} | {:.1} µs | {:.2} | {:.1} µs |",
+                per * 1e6,
+                per / one,
+                per / tokens as f64 * 1e6
+            );
+        }
+    }
 }
