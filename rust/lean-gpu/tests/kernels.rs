@@ -2383,7 +2383,7 @@ fn matvec_of_several_tokens_equals_each_tokens_own_bit_for_bit() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     // Refused, not recorded: more tokens than a dispatch takes, x rows closer than a row or
     // not 16-byte aligned, x or y too short for the tokens.
-    let Some((_, kernels)) = gpu() else { return };
+    let kernels = default;
     let w = random_matrix(&mut rng, TensorType::Q4_0, 4, 64);
     let m = GpuMatrix::upload(ctx, TensorType::Q4_0, 4, 64, &w).unwrap();
     let (x, y) = (ctx.storage_f32("x", 3 * 64), ctx.storage_f32("y", 3 * 4));
