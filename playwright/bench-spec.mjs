@@ -2,7 +2,8 @@
 // (BENCHMARKS.md's speculative decoding table; the native row is lean-cli's --lookup). Per model
 // (LEAN_BENCH_FILES) and backend (simd: 1 thread, threads: 2), in one page: each task of
 // scripts/bench-spec-tasks.json (code: rename a variable in a function, summary: summarize a
-// paragraph, chat: an open question) as a greedy chat from an empty KV cache, at most
+// paragraph, chat: an open question, extract: an order as JSON under a schema, both modes
+// constrained) as a greedy chat from an empty KV cache, at most
 // MAX_TOKENS tokens (the model may end its turn sooner), plain and with `speculative:
 // { lookup: 8 }`: a warm-up of each, then LEAN_BENCH_ROUNDS rounds (default 3), the mode that
 // goes first alternating by round. Reports effective decode tok/s (lean-js's
@@ -75,7 +76,7 @@ try {
       for (const task of tasks) {
         const cellStarted = performance.now();
         const run = (speculative) =>
-          page.evaluate((o) => window.leanJs.benchChatSpec(o), { messages: task.messages, maxTokens: MAX_TOKENS, speculative });
+          page.evaluate((o) => window.leanJs.benchChatSpec(o), { messages: task.messages, schema: task.schema, maxTokens: MAX_TOKENS, speculative });
         const reference = await run(null); // warm-up, and the ids every run must give
         const check = (r, what) => {
           const at = firstDifference(r.tokenIds, reference.tokenIds);

@@ -186,6 +186,12 @@ window.leanJs = {
     const chat = await read(stream);
     chat.text = (await stream.result).text;
     lap("chat");
+    // Speculative decoding under the schema, guessing from its own reply: the same ids.
+    const speculative = { lookup: 4, prediction: chat.text };
+    const guessedStream = engine.chat(messages, { maxTokens, temperature: 0, responseFormat: { type: "json_schema", json_schema }, speculative });
+    const guessed = await read(guessedStream);
+    guessed.accepted = (await guessedStream.result).speculation.acceptedTokens;
+    lap("speculative");
     const create = (extra) =>
       engine.chat.completions.create({ messages, temperature: 0, max_tokens: maxTokens, response_format: { type: "json_schema", json_schema }, ...extra });
     let badError = null;
@@ -212,7 +218,7 @@ window.leanJs = {
     // The engine goes on after the rejected schema (fast: a free-text token).
     const after = fast ? await read(engine.chat(messages, { maxTokens: 1, temperature: 0 })) : null;
     lap("rest");
-    return { chat, badError, streamed, cut, after, usable: engine.usable, ms };
+    return { chat, guessed, badError, streamed, cut, after, usable: engine.usable, ms };
   },
 
   /**
@@ -315,9 +321,15 @@ window.leanJs = {
    * bench-spec.mjs: one greedy chat of `messages` from an empty KV cache, `maxTokens` at most
    * (it may end on the end of turn), plain or with `speculative` (e.g. `{ lookup: 8 }`); the
    * ids, to check that speculation gives the same reply, and its guesses kept and refused.
+   * With a JSON `schema` (the extract task), both modes follow it.
    */
-  async benchChatSpec({ messages, maxTokens, speculative }) {
-    const options = { maxTokens, temperature: 0, ...(speculative ? { speculative } : {}) };
+  async benchChatSpec({ messages, schema, maxTokens, speculative }) {
+    const options = {
+      maxTokens,
+      temperature: 0,
+      ...(speculative ? { speculative } : {}),
+      ...(schema ? { responseFormat: { type: "json_schema", json_schema: { name: "bench", schema, strict: true } } } : {}),
+    };
     const { r, wallMs } = await timedChat(messages, options);
     return {
       wallMs,

@@ -14,7 +14,8 @@
 //   response_format, whole and streamed) gives exactly lean-cli's native output
 //   (fixtures/constraint, scripts/gen_constraint_fixtures.py), which parses and validates; a
 //   schema the constraint library rejects is a ConstraintError and the engine goes on; max_tokens
-//   reached first is finish_reason "length"; on simd, threads and (Firefox) webgpu;
+//   reached first is finish_reason "length"; with speculative decoding (prompt lookup from a
+//   prediction of the reply) the same ids; on simd, threads and (Firefox) webgpu;
 // - tool calls: a call forced by tool_choice through chat.completions (whole and streamed) gives
 //   exactly lean-cli's native call (fixtures/tools, scripts/gen_tool_fixtures.py; SmolLM2's
 //   template takes no tools: lean's fallback), its syntax never streamed as content; on simd
@@ -280,6 +281,9 @@ async function checkConstrained(page, backend, caseName, { fast = false } = {}) 
   // lean-cli's native output, token for token; it parses and follows the schema.
   expect(r.chat).toMatchObject({ error: null, tokenIds: c.token_ids, streamedIds: c.token_ids, finishReason: c.finish_reason, text: c.text });
   expect(schemaErrors(c.schema, JSON.parse(r.chat.text))).toEqual([]);
+  // The same ids with speculative decoding under the schema, guesses kept.
+  expect(r.guessed).toMatchObject({ error: null, tokenIds: c.token_ids });
+  expect(r.guessed.accepted).toBeGreaterThan(0);
   expect(r.badError?.name).toBe("ConstraintError");
   expect(r.badError?.message).toMatch(/^invalid json_schema: .*strng/);
   expect(r.usable).toBe(true);

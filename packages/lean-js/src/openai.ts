@@ -66,8 +66,8 @@ export interface ChatCompletionCreateParamsBase {
    * lean: speculative decoding for this request, as `engine.chat`'s option: `{ lookup: n }`
    * (prompt lookup, guesses of up to n tokens) or `{ draft: n }` (the draft model loaded with
    * `engine.loadDraft`). The reply is the same, sooner where guesses are kept. With
-   * `prediction`, lookup searches the prediction first (not with `draft`); not with
-   * `response_format` or a required tool call.
+   * `prediction`, lookup searches the prediction first (not with `draft`). With
+   * `response_format` or a required tool call, guesses are cut where the format refuses them.
    */
   speculative?: { lookup: number } | { draft: number } | null;
   /**
@@ -269,11 +269,10 @@ export class ChatCompletions {
     if (speculative !== undefined && (typeof speculative !== "object" || Array.isArray(speculative))) {
       throw new TypeError("speculative must be { lookup: n } or { draft: n }");
     }
-    if (tools?.forced && (constrained || prediction !== undefined || speculative !== undefined)) {
-      const other = constrained ? "response_format" : prediction !== undefined ? "prediction" : "speculative";
+    if (tools?.forced && constrained) {
       throw leanError(
         ErrorName.Tool,
-        `a required tool call (tool_choice "required" or a function) does not combine with ${other}`,
+        `a required tool call (tool_choice "required" or a function) does not combine with response_format`,
       );
     }
     const toolOptions = tools === null ? {} : { tools: params.tools!, ...(params.tool_choice ? { toolChoice: params.tool_choice } : {}) };

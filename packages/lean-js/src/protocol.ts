@@ -110,7 +110,8 @@ export interface GenerateParams {
    * rule). `{ type: "text" }` (or none): free text. The generation ends "stop" when the output is
    * complete, "length" when `maxTokens` ran out first (the output is then cut off). A format the
    * constraint library rejects fails the generation with a `ConstraintError` naming the
-   * problem; the engine stays usable. Not with `speculative`.
+   * problem; the engine stays usable. With `speculative`, guesses are cut where the format
+   * refuses them and each guessed row is checked under its own mask: the same tokens, sooner.
    */
   responseFormat?: ResponseFormat;
   /**
@@ -124,8 +125,7 @@ export interface GenerateParams {
   tools?: Tool[];
   /**
    * Default "auto". "required" or a named function forces exactly one call whose arguments
-   * follow the function's schema (constrained decoding: not with `responseFormat` or
-   * `speculative`); cut off by `maxTokens` it is no call (finishReason "length").
+   * follow the function's schema (constrained decoding: not with `responseFormat`); cut off by `maxTokens` it is no call (finishReason "length").
    */
   toolChoice?: ToolChoice;
 }
@@ -577,18 +577,12 @@ export function toEngineOptions(params: GenerateParams): Record<string, unknown>
     }
   }
   const constraint = toEngineConstraint(params.responseFormat);
-  if (constraint !== null && params.speculative !== undefined) {
-    throw new TypeError("responseFormat does not combine with speculative decoding (yet): drop one of the two");
-  }
   const tools = toEngineTools(params.tools, params.toolChoice);
   if (tools?.forced && constraint !== null) {
     throw leanError(
       ErrorName.Tool,
       "a required tool call (toolChoice \"required\" or a function) does not combine with responseFormat: the call's arguments follow the function's schema",
     );
-  }
-  if (tools?.forced && params.speculative !== undefined) {
-    throw leanError(ErrorName.Tool, "a required tool call does not combine with speculative decoding (yet): drop one of the two");
   }
   const options: Record<string, unknown> = {
     max_tokens: params.maxTokens,

@@ -564,9 +564,11 @@ describe("protocol helpers", () => {
     expect(bad({ draft: 0 })).toThrow(new TypeError("speculative.draft must be at least 1"));
     expect(bad({ draft: 4, lookup: 4 })).toThrow(/speculative.draft does not combine with lookup or prediction/);
     expect(bad({ draft: 4, prediction: "x" })).toThrow(/speculative.draft does not combine with lookup or prediction/);
-    expect(() => toEngineOptions({ responseFormat: { type: "json_object" }, speculative: { draft: 4 } })).toThrow(
-      /responseFormat does not combine with speculative decoding/,
-    );
+    // Under a constraint too: the engine cuts guesses where the format refuses them.
+    expect(toEngineOptions({ responseFormat: { type: "json_object" }, speculative: { draft: 4 } })).toEqual({
+      constraint: { type: "json_object" },
+      draft: 4,
+    });
   });
 });
 
@@ -609,9 +611,6 @@ describe("responseFormat (constrained decoding)", () => {
     expect(bad({ type: "regex" })).toThrow("responseFormat.pattern must be a non-empty string");
     expect(bad({ type: "regex", regex: "a" })).toThrow("unknown field 'regex' in responseFormat of type \"regex\" (known: type, pattern)");
     expect(bad({ type: "grammar", lark: "" })).toThrow("responseFormat.lark must be a non-empty string (a Lark grammar)");
-    expect(() => toEngineOptions({ responseFormat: { type: "json_object" }, speculative: { lookup: 4 } })).toThrow(
-      /responseFormat does not combine with speculative decoding/,
-    );
   });
 
   it("generate and chat send it to the worker; a bad one throws before queueing", async () => {
@@ -685,13 +684,23 @@ describe("engine.chat.completions (OpenAI's shape)", () => {
     );
     await expect(refused({ speculative: { lookup: 0 } })).rejects.toThrow(/at least 1/);
     await expect(refused({ speculative: 8 })).rejects.toThrow(/speculative must be \{ lookup: n \} or \{ draft: n \}/);
-    await expect(refused({ speculative: { lookup: 4 }, response_format: { type: "json_object" } })).rejects.toThrow(
-      /responseFormat does not combine with speculative decoding/,
-    );
-    const tool = { type: "function", function: { name: "f", parameters: { type: "object" } } };
-    await expect(refused({ speculative: { lookup: 4 }, tools: [tool], tool_choice: "required" })).rejects.toThrow(
-      /does not combine with speculative/,
-    );
+    // A format or a required call speculates too (the engine cuts guesses where they refuse).
+    const tool = { type: "function", function: { name: "f", parameters: { type: "object" } } } as const;
+    const formatted = engine.chat.completions.create({
+      messages,
+      temperature: 0,
+      speculative: { lookup: 4 },
+      prediction: { type: "content", content: '{"a": 1}' },
+      response_format: { type: "json_object" },
+    });
+    expect((await answer(worker, ['{"a": 1}'], "stop", 0)).params).toMatchObject({
+      speculative: { lookup: 4, prediction: '{"a": 1}' },
+      responseFormat: { type: "json_object" },
+    });
+    await formatted;
+    const called = engine.chat.completions.create({ messages, temperature: 0, speculative: { lookup: 4 }, tools: [tool], tool_choice: "required" });
+    expect((await answer(worker, ["x"], "stop", 0)).params).toMatchObject({ speculative: { lookup: 4 }, toolChoice: "required" });
+    await called;
   });
 
   it("returns a ChatCompletion with OpenAI's fields, usage and cached tokens", async () => {
@@ -890,18 +899,13 @@ describe("tools (tool calls)", () => {
     expect(() => toEngineOptions({ tools: [weather], toolChoice: "required", responseFormat: { type: "json_object" } })).toThrow(
       /does not combine with responseFormat/,
     );
-    expect(() => toEngineOptions({ tools: [weather], toolChoice: "required", speculative: { lookup: 4 } })).toThrow(
-      /does not combine with speculative decoding/,
-    );
-    for (const toolChoice of ["required", { type: "function", function: { name: "get_weather" } }] as const) {
-      let error: unknown;
-      try {
-        toEngineOptions({ tools: [weather], toolChoice, speculative: { draft: 4 } });
-      } catch (e) {
-        error = e;
-      }
-      expect(error).toMatchObject({ name: ErrorName.Tool, message: expect.stringMatching(/does not combine with speculative decoding/) });
-    }
+    // A forced call speculates too: the engine cuts guesses where the call's grammar refuses them.
+    expect(toEngineOptions({ tools: [weather], toolChoice: "required", speculative: { lookup: 4 } })).toMatchObject({
+      lookup: 4,
+      tool_choice: "required",
+    });
+    const named = { type: "function", function: { name: "get_weather" } } as const;
+    expect(toEngineOptions({ tools: [weather], toolChoice: named, speculative: { draft: 4 } })).toMatchObject({ draft: 4 });
     // A model-chosen call combines with both.
     expect(toEngineOptions({ tools: [weather], speculative: { lookup: 4 } })).toMatchObject({ lookup: 4, tools: [weather] });
     expect(toEngineOptions({ tools: [weather], speculative: { draft: 4 } })).toMatchObject({ draft: 4, tools: [weather] });

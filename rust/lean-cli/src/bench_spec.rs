@@ -1,12 +1,14 @@
 //! `lean-cli bench-spec`: speculative decoding by prompt lookup (and by a draft model, with
-//! `--draft`) against plain greedy decoding on three tasks (rewrite a given function, summarize a
-//! given text, open chat; the prompts are in scripts/bench-spec-tasks.json): decode tok/s of
+//! `--draft`) against plain greedy decoding on four tasks (rewrite a given function, summarize a
+//! given text, open chat, extract an order as JSON under a schema, plain and speculative alike;
+//! the prompts are in scripts/bench-spec-tasks.json): decode tok/s of
 //! each, the speed-up, the share of guesses accepted, and whether the tokens are the same (they
 //! must be). Runs alternate plain and speculative, `--reps` times (which goes first alternates too),
 //! from an empty cache each.
 use crate::{init_threads, load_model, model_and_tokenizer, new_engine, CliResult, Common};
 use clap::Args;
 use lean::{ChatMessage, GenerateOptions, Generation, Prompt, Speculation};
+use lean_constraint::ConstraintSpec;
 use serde::Deserialize;
 use std::path::PathBuf;
 
@@ -45,6 +47,9 @@ pub struct BenchSpecArgs {
 struct Task {
     name: String,
     messages: Vec<ChatMessage>,
+    /// Structured output: every mode of the task follows this JSON schema.
+    #[serde(default)]
+    schema: Option<serde_json::Value>,
 }
 
 fn tasks() -> Vec<Task> {
@@ -95,6 +100,15 @@ pub fn run(args: BenchSpecArgs) -> CliResult {
         if t == 0 {
             run(&prompt, &plain)?;
         }
+        let constrained = |options: &GenerateOptions| GenerateOptions {
+            constraint: task.schema.clone().map(ConstraintSpec::JsonSchema),
+            ..options.clone()
+        };
+        let (plain, speculative, drafted) = (
+            constrained(&plain),
+            constrained(&speculative),
+            constrained(&drafted),
+        );
         let (mut plain_tps, mut spec_tps, mut draft_tps) = (Vec::new(), Vec::new(), Vec::new());
         let mut same = true;
         let (mut last, mut last_draft) = (None, None);

@@ -834,6 +834,32 @@ fn a_prediction_speeds_the_reply_without_changing_it() {
         details["accepted_prediction_tokens"].as_u64().unwrap() > 10,
         "{details}"
     );
+    // Under a response format too: the structured reply, guessed from its own text.
+    let format = json!({"type": "json_schema", "json_schema": {"name": "person", "schema": {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"], "additionalProperties": false}}});
+    let ask = json!([{"role": "user", "content": "Give a person's name and age as JSON."}]);
+    let structured = |prediction: Option<&str>| {
+        let mut body = json!({"messages": ask, "max_tokens": 40, "temperature": 0,
+                              "response_format": format});
+        if let Some(p) = prediction {
+            body["prediction"] = json!({"type": "content", "content": p});
+        }
+        let reply = server.post("/v1/chat/completions", &body);
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        reply.body
+    };
+    let plain = structured(None);
+    let object = plain["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(object.starts_with('{'), "{object}");
+    let guessed = structured(Some(object));
+    assert_eq!(guessed["choices"][0]["message"]["content"], object);
+    let details = &guessed["usage"]["completion_tokens_details"];
+    assert!(
+        details["accepted_prediction_tokens"].as_u64().unwrap() > 3,
+        "{details}"
+    );
     // Without a prediction the counts are zero; a malformed one is a 400 naming it.
     let reply = server.post(
         "/v1/chat/completions",

@@ -382,6 +382,47 @@ impl Constraint {
         Ok(())
     }
 
+    /// Speculative decoding's look ahead: the masks a guess would meet, without following it.
+    /// Takes the longest prefix of `draft` this constraint allows from here (up to the first
+    /// stop id, a token it refuses, or just past a token that completes the output) and writes
+    /// the mask before each of its tokens and the one after the last, `mask_words` words each,
+    /// into `masks`. Returns that prefix's length; `masks` then holds one more mask than that.
+    /// The constraint ends where it began (its next `mask` is the first one written).
+    pub fn masks_along(&mut self, draft: &[u32], masks: &mut Vec<u32>) -> Result<usize> {
+        masks.clear();
+        let mut followed = 0;
+        let result = (|| loop {
+            masks.extend_from_slice(self.mask()?);
+            let Some(&id) = draft.get(followed) else {
+                return Ok(());
+            };
+            let stop = self.vocab.stop_ids.contains(&id);
+            if stop || self.is_complete() || !is_allowed(&self.mask, id) {
+                return Ok(());
+            }
+            self.accept(id)?;
+            followed += 1;
+        })();
+        // Back to where the guess began, whether or not it went well.
+        self.rollback(followed)?;
+        result.map(|()| followed)
+    }
+
+    /// Takes back the last `n` accepted tokens (a guess followed for a look ahead).
+    pub fn rollback(&mut self, n: usize) -> Result<()> {
+        if n > self.accepted {
+            return Err(err(format!(
+                "constraint: cannot take back {n} tokens of {}",
+                self.accepted
+            )));
+        }
+        self.matcher
+            .rollback(n)
+            .map_err(|e| err(format!("constraint: rollback of {n} tokens: {e}")))?;
+        self.accepted -= n;
+        Ok(())
+    }
+
     /// The output is complete and nothing may follow it (only a stop token is allowed).
     pub fn is_complete(&self) -> bool {
         self.matcher.is_stopped()

@@ -209,3 +209,115 @@ fn rejected_constraints_say_why() {
         "{e}"
     );
 }
+
+/// The masks a constraint meets following `ids` one token at a time from a fresh start, the
+/// first `skip` of them accepted beforehand.
+fn masks_followed(
+    vocab: &Arc<Vocabulary>,
+    spec: &ConstraintSpec,
+    skip: &[u32],
+    ids: &[u32],
+) -> Vec<u32> {
+    let mut c = Constraint::new(vocab, spec).unwrap();
+    for &id in skip {
+        c.accept(id).unwrap();
+    }
+    let mut masks = c.mask().unwrap().to_vec();
+    for &id in ids {
+        c.accept(id).unwrap();
+        masks.extend_from_slice(c.mask().unwrap());
+    }
+    masks
+}
+
+/// How many of `ids` a fresh constraint takes one at a time (the first `skip` accepted first).
+fn allowed_prefix(
+    vocab: &Arc<Vocabulary>,
+    spec: &ConstraintSpec,
+    skip: &[u32],
+    ids: &[u32],
+) -> usize {
+    let mut c = Constraint::new(vocab, spec).unwrap();
+    for &id in skip {
+        c.accept(id).unwrap();
+    }
+    ids.iter()
+        .take_while(|&&id| is_allowed(c.mask().unwrap(), id) && c.accept(id).is_ok())
+        .count()
+}
+
+#[test]
+fn masks_along_a_guess_are_the_masks_of_following_it_and_change_nothing() {
+    for dir in [
+        "smollm2-135m-instruct",
+        "qwen2.5-coder-0.5b-instruct",
+        "gemma-3-270m",
+    ] {
+        let Some(tok) = tokenizer(dir) else { return };
+        let vocab =
+            Arc::new(Vocabulary::new(&tok, tok.vocab_size(), &tok.eos_token_ids()).unwrap());
+        let words = lean_constraint::mask_words(vocab.len());
+        let spec = ConstraintSpec::JsonSchema(serde_json::json!({
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
+            "required": ["name", "n"],
+            "additionalProperties": false
+        }));
+        let ids = tok.encode(r#"{"name":"Ada","n":36}"#, false).unwrap();
+        let letter = tok.encode("x", false).unwrap()[0];
+        let eos = vocab.stop_ids()[0];
+        let mut refused = 0;
+        for start in 0..ids.len() {
+            let mut c = Constraint::new(&vocab, &spec).unwrap();
+            for &id in &ids[..start] {
+                c.accept(id).unwrap();
+            }
+            let before = c.mask().unwrap().to_vec();
+            let rest = &ids[start..];
+            let mut masks = Vec::new();
+            // The whole rest: followed to the end (the object completes it).
+            assert_eq!(c.masks_along(rest, &mut masks).unwrap(), rest.len());
+            assert_eq!(masks.len(), (rest.len() + 1) * words);
+            assert_eq!(masks, masks_followed(&vocab, &spec, &ids[..start], rest));
+            // Nothing follows a complete output, not even a stop id.
+            let mut longer = rest.to_vec();
+            longer.extend([eos, letter]);
+            assert_eq!(c.masks_along(&longer, &mut masks).unwrap(), rest.len());
+            // A refused token ends the guess: its mask is the last one.
+            let mut wrong = rest[..rest.len() / 2].to_vec();
+            wrong.extend([letter, rest[0]]);
+            let kept = c.masks_along(&wrong, &mut masks).unwrap();
+            let allowed = allowed_prefix(&vocab, &spec, &ids[..start], &wrong);
+            assert_eq!(kept, allowed, "{dir}: a guess with 'x' from {start}");
+            refused += usize::from(kept < wrong.len());
+            assert_eq!(
+                masks,
+                masks_followed(&vocab, &spec, &ids[..start], &wrong[..kept])
+            );
+            // A stop id where the output may not end yet ends the guess too.
+            assert_eq!(c.masks_along(&[eos, rest[0]], &mut masks).unwrap(), 0);
+            assert_eq!(masks, before);
+            // The constraint is where it was: same mask, and it goes on as before.
+            assert_eq!(c.mask().unwrap(), &before[..], "{dir}: moved at {start}");
+            c.accept(rest[0]).unwrap();
+        }
+        assert!(
+            refused * 2 > ids.len(),
+            "{dir}: 'x' is refused outside the string"
+        );
+        // A grammar that ends: its last token completes it, nothing after is followed.
+        let spec = ConstraintSpec::Lark("start: \"yes\" | \"no\"".into());
+        let mut c = Constraint::new(&vocab, &spec).unwrap();
+        let no = tok.encode("no", false).unwrap();
+        let mut masks = Vec::new();
+        let mut draft = no.clone();
+        draft.push(letter);
+        assert_eq!(c.masks_along(&draft, &mut masks).unwrap(), no.len());
+        assert_eq!(masks, masks_followed(&vocab, &spec, &[], &no));
+        assert_eq!(c.masks_along(&[], &mut masks).unwrap(), 0);
+        assert_eq!(masks, c.mask().unwrap());
+        // Taking back more than was accepted is an error that says so.
+        let e = c.rollback(1).unwrap_err().to_string();
+        assert!(e.contains("cannot take back 1 tokens of 0"), "{e}");
+    }
+}

@@ -135,3 +135,49 @@ fn json_schema_greedy_equals_the_cpu_reading_back_only_ids() {
         assert_eq!(got.token_ids, want.token_ids, "GPU: {:?}", got.text);
     }
 }
+
+/// Speculative decoding under the schema: each verification pass is decode-shaped, its rows
+/// read back and each row's masked argmax taken against the constraint's mask for it, so the
+/// tokens are the CPU's plain constrained ones, through both loops, with guesses kept (a
+/// prediction of the reply itself) and cut (one that leaves the schema halfway).
+#[test]
+fn speculating_under_a_schema_gives_the_cpu_tokens() {
+    let Some((ctx, kernels)) = gpu() else { return };
+    let Some((model, tokenizer)) = load() else {
+        return;
+    };
+    let (prompt, options) = person(24);
+    let mut cpu = Engine::new(model, tokenizer, 512).unwrap();
+    let want = cpu.generate(&prompt, &options, |_| true).unwrap();
+    let (model, tokenizer) = load().unwrap();
+    let mut engine = Engine::with_backend(model, tokenizer, 512, |model, context| {
+        let session = GpuSession::new(ctx.clone(), kernels.clone(), model, context)
+            .map_err(|e| lean::LeanError::Backend(e.to_string()))?;
+        Ok(Box::new(session) as Box<dyn Session>)
+    })
+    .unwrap();
+    let text = &want.text;
+    let broken = format!("{}x}}]] nonsense", &text[..text.len() / 2]);
+    for prediction in [text.as_str(), broken.as_str()] {
+        let ids = engine.tokenizer.encode(prediction, false).unwrap();
+        let speculation = lean::Speculation::lookup(4)
+            .without_cost_check()
+            .with_prediction(ids);
+        let options = GenerateOptions {
+            speculation: Some(speculation),
+            ..options.clone()
+        };
+        engine.reset_cache();
+        let got = engine.generate(&prompt, &options, |_| true).unwrap();
+        assert_eq!(got.token_ids, want.token_ids, "GPU: {:?}", got.text);
+        let stats = got.timings.speculation;
+        assert!(stats.accepted > 0, "{prediction}: {stats:?}");
+        engine.reset_cache();
+        let again = generate_async(&mut engine, &prompt, &options);
+        assert_eq!(
+            again.token_ids, want.token_ids,
+            "GPU, awaited: {:?}",
+            again.text
+        );
+    }
+}

@@ -1128,8 +1128,6 @@ fn request(
             )));
         }
         generate.constraint = Some(ConstraintSpec::Lark(grammar));
-        // As `lean-cli serve`: no speculative decoding under a constraint.
-        generate.speculation = None;
     }
     let ids = engine
         .tokenizer

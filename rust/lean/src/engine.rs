@@ -48,7 +48,8 @@ pub struct GenerateOptions {
     pub constraint: Option<ConstraintSpec>,
     /// Speculative decoding: guessed tokens verified in one batched pass. Greedy output is the
     /// plain greedy output; sampled output has the same distribution (speculative sampling's
-    /// rejection rule, other random draws). Not with a constraint. `None`: one pass per token.
+    /// rejection rule, other random draws). Under a constraint, guesses are cut where it refuses
+    /// them and each row is verified against its own mask. `None`: one pass per token.
     pub speculation: Option<Speculation>,
 }
 
@@ -573,13 +574,6 @@ impl Engine {
         let drafter = match &options.speculation {
             None => None,
             Some(spec) => {
-                if constraint.is_some() {
-                    return Err(LeanError::InvalidArgument(
-                        "speculative decoding does not combine with a constraint (JSON schema, \
-                         regex, grammar) yet: drop one of the two"
-                            .into(),
-                    ));
-                }
                 match *spec {
                     Speculation::Lookup {
                         max_ngram,
@@ -637,6 +631,7 @@ impl Engine {
             confirmed: VecDeque::new(),
             decided: false,
             pass_logits: Vec::new(),
+            pass_masks: Vec::new(),
             decoder: StreamDecoder::new(true),
             finish_reason: None,
             timings,
@@ -740,7 +735,11 @@ impl Engine {
     /// guess of the ones after it. `None` when the generation does not speculate or the drafter
     /// has no guess (a plain step then). A draft model guesses synchronously, also in
     /// `step_async`.
-    fn speculation_pass(&mut self, active: &ActiveGeneration, id: u32) -> Result<Option<Vec<u32>>> {
+    fn speculation_pass(
+        &mut self,
+        active: &mut ActiveGeneration,
+        id: u32,
+    ) -> Result<Option<Vec<u32>>> {
         let Some(drafter) = active.drafter.as_ref().filter(|d| !d.paused()) else {
             return Ok(None);
         };
@@ -751,13 +750,22 @@ impl Engine {
             .saturating_sub(active.token_ids().len() + 1);
         let room_in_cache = self.session.context_length() - self.session.position() - 1;
         let limit = room_in_output.min(room_in_cache);
-        let draft = if drafter.uses_draft_model() {
+        let mut draft = if drafter.uses_draft_model() {
             let draft_model = self.draft.as_mut().expect("checked in prepare");
             let vocab = self.model.config.vocab_size;
-            draft_model.propose(&active.ids, drafter.next_length(limit), vocab)?
+            let length = drafter.next_length(limit);
+            draft_model.propose(&active.ids, length, vocab, active.constraint.as_mut())?
         } else {
             drafter.draft(&active.ids, active.token_ids().len(), limit)
         };
+        // Under a constraint only the part of the guess it allows is worth a row: the rest
+        // could never be chosen. Its masks are the rows' masks in the verification.
+        if let Some(constraint) = &mut active.constraint {
+            let allowed = constraint
+                .masks_along(&draft, &mut active.pass_masks)
+                .map_err(constraint_error)?;
+            draft.truncate(allowed);
+        }
         if draft.is_empty() {
             return Ok(None);
         }
@@ -782,7 +790,16 @@ impl Engine {
         let draft = &pass[1..];
         let decided = match verified? {
             Some(argmaxes) => argmaxes[..=accepted_prefix(draft, &argmaxes)].to_vec(),
-            None => self.sample_verified(active, draft),
+            None if active.masked_argmax => {
+                let argmaxes = self.masked_argmaxes(active)?;
+                argmaxes[..=accepted_prefix(draft, &argmaxes)].to_vec()
+            }
+            None => {
+                if active.constraint.is_some() {
+                    self.mask_pass(active);
+                }
+                self.sample_verified(active, draft)
+            }
         };
         let accepted = decided.len() - 1;
         let start = self.session.position() - pass.len();
@@ -798,6 +815,32 @@ impl Engine {
         drafter.record(draft.len(), accepted, seconds);
         active.timings.speculation = drafter.stats;
         Ok(())
+    }
+
+    /// Greedy under a constraint: each row's argmax over the tokens its mask allows, as a plain
+    /// constrained step takes it (`argmax_masked`: the first on ties).
+    fn masked_argmaxes(&self, active: &ActiveGeneration) -> Result<Vec<u32>> {
+        let vocab = self.model.config.vocab_size;
+        let rows = active.pass_logits.chunks_exact(vocab);
+        let masks = active
+            .pass_masks
+            .chunks_exact(lean_constraint::mask_words(vocab));
+        rows.zip(masks)
+            .map(|(row, mask)| allowed_token(crate::sampling::argmax_masked(row, mask)))
+            .collect()
+    }
+
+    /// Sampling under a constraint: each row of the pass keeps only the tokens its mask allows,
+    /// as a plain constrained step masks its logits before the draw.
+    fn mask_pass(&self, active: &mut ActiveGeneration) {
+        let vocab = self.model.config.vocab_size;
+        let rows = active.pass_logits.chunks_exact_mut(vocab);
+        let masks = active
+            .pass_masks
+            .chunks_exact(lean_constraint::mask_words(vocab));
+        for (row, mask) in rows.zip(masks) {
+            crate::sampling::apply_mask(row, mask);
+        }
     }
 
     /// Speculative sampling over a verification pass's logits: each guessed token is accepted
@@ -1063,8 +1106,11 @@ pub struct ActiveGeneration {
     /// `next_argmax` holds a token a verification pass decided (sampled or not): the next
     /// `sample_next` takes it as it is.
     decided: bool,
-    /// A sampled verification pass's logits, one row per token of the pass.
+    /// A sampled or constrained verification pass's logits, one row per token of the pass.
     pass_logits: Vec<f32>,
+    /// Under a constraint, the mask each row of a verification pass meets: the constraint's
+    /// now, then after each guessed token (`Constraint::masks_along`).
+    pass_masks: Vec<u32>,
     decoder: StreamDecoder,
     finish_reason: Option<FinishReason>,
     timings: Timings,
@@ -1143,7 +1189,7 @@ fn new_session_owner() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-fn constraint_error(e: lean_constraint::ConstraintError) -> LeanError {
+pub(crate) fn constraint_error(e: lean_constraint::ConstraintError) -> LeanError {
     LeanError::InvalidArgument(e.0)
 }
 

@@ -28,9 +28,11 @@
 //! then probes with a one-token guess that grows again if accepted. The first judgment has no
 //! plain time yet: it pauses 4 steps to take one.
 
+use crate::engine::constraint_error;
 use crate::error::{LeanError, Result};
 use crate::model::Model;
 use crate::session::Session;
+use lean_constraint::Constraint;
 
 /// How drafts are made.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -423,14 +425,31 @@ impl DraftModel {
 
     /// A greedy guess of up to `n` tokens after `ids`, each below `vocab_limit` (the target's
     /// vocabulary size): shorter where the draft model's context ends. Runs the ids past the
-    /// prefix it has cached, then one token a pass; a failure forgets the cache.
-    pub fn propose(&mut self, ids: &[u32], n: usize, vocab_limit: usize) -> Result<Vec<u32>> {
+    /// prefix it has cached, then one token a pass; a failure forgets the cache. Under a
+    /// `constraint` each guess is the draft model's masked argmax (a token it allows), the guess
+    /// ends before a stop id and after the token that completes the output, and the constraint
+    /// is rolled back to where it was.
+    pub fn propose(
+        &mut self,
+        ids: &[u32],
+        n: usize,
+        vocab_limit: usize,
+        constraint: Option<&mut Constraint>,
+    ) -> Result<Vec<u32>> {
         // The last guess is not run: ids.len() + n - 1 positions.
         let n = n.min((self.session.context_length() + 1).saturating_sub(ids.len()));
         if n == 0 || ids.is_empty() {
             return Ok(Vec::new());
         }
-        let guess = self.run(ids, n, vocab_limit);
+        let guess = match constraint {
+            None => self.run(ids, n, vocab_limit),
+            Some(constraint) => {
+                let mut followed = 0;
+                let guess = self.run_constrained(ids, n, constraint, &mut followed);
+                let back = constraint.rollback(followed).map_err(constraint_error);
+                guess.and_then(|guess| back.map(|()| guess))
+            }
+        };
         if guess.is_err() {
             self.cached.clear();
             self.session.truncate(0);
@@ -438,11 +457,12 @@ impl DraftModel {
         guess
     }
 
-    fn run(&mut self, ids: &[u32], n: usize, vocab_limit: usize) -> Result<Vec<u32>> {
+    /// Runs the ids past the cached prefix (at least the last one, whose logits give the first
+    /// guess) and returns the ids to run now.
+    fn sync<'a>(&mut self, ids: &'a [u32]) -> &'a [u32] {
         if self.cached.len() != self.session.position() {
             self.cached.clear();
         }
-        // At least the last id runs: its logits give the first guess.
         let common = self
             .cached
             .iter()
@@ -452,8 +472,13 @@ impl DraftModel {
             .min(ids.len() - 1);
         self.cached.truncate(common);
         self.session.truncate(common);
-        let mut next = self.session.forward_argmax(&self.model, &ids[common..])?;
-        self.cached.extend_from_slice(&ids[common..]);
+        &ids[common..]
+    }
+
+    fn run(&mut self, ids: &[u32], n: usize, vocab_limit: usize) -> Result<Vec<u32>> {
+        let fresh = self.sync(ids);
+        let mut next = self.session.forward_argmax(&self.model, fresh)?;
+        self.cached.extend_from_slice(fresh);
         let mut guess = Vec::with_capacity(n);
         while (next as usize) < vocab_limit {
             guess.push(next);
@@ -462,6 +487,37 @@ impl DraftModel {
             }
             next = self.session.decode_argmax(&self.model, next, 0)?;
             self.cached.push(guess[guess.len() - 1]);
+        }
+        Ok(guess)
+    }
+
+    /// `run` under a constraint, which accepts each guessed token (`followed` counts them, for
+    /// the caller to roll back).
+    fn run_constrained(
+        &mut self,
+        ids: &[u32],
+        n: usize,
+        constraint: &mut Constraint,
+        followed: &mut usize,
+    ) -> Result<Vec<u32>> {
+        let fresh = self.sync(ids);
+        let stop_ids = constraint.vocabulary().stop_ids().to_vec();
+        let mut next = self
+            .session
+            .forward_argmax_masked(&self.model, fresh, constraint)?;
+        self.cached.extend_from_slice(fresh);
+        let mut guess = Vec::with_capacity(n);
+        while let Some(id) = next.filter(|id| !stop_ids.contains(id)) {
+            guess.push(id);
+            constraint.accept(id).map_err(constraint_error)?;
+            *followed += 1;
+            if guess.len() == n || constraint.is_complete() {
+                break;
+            }
+            next = self
+                .session
+                .forward_argmax_masked(&self.model, &[id], constraint)?;
+            self.cached.push(id);
         }
         Ok(guess)
     }

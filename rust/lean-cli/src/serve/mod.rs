@@ -68,12 +68,12 @@ pub struct ServeArgs {
     /// x-lean-dropped-messages header says how many messages).
     #[arg(long, default_value = "off", value_parser = ["auto", "off"])]
     truncation: String,
-    /// Speculative decoding by prompt lookup for requests without a constraint (no
-    /// response_format, no forced tool call): guesses of up to N tokens verified in one batched
-    /// pass. Greedy replies are the same as without it; sampled ones have the same distribution.
+    /// Speculative decoding by prompt lookup: guesses of up to N tokens verified in one batched
+    /// pass (under a response_format or a forced tool call, guesses are cut where it refuses
+    /// them). Greedy replies are the same as without it; sampled ones have the same distribution.
     #[arg(long, value_name = "N")]
     lookup: Option<usize>,
-    /// Speculative decoding by a draft model for requests without a constraint: a smaller GGUF
+    /// Speculative decoding by a draft model: a smaller GGUF
     /// with the same vocabulary guesses greedily (each slot has its own copy of its KV cache; the
     /// weights are mapped once). A request's `prediction` still guesses by prompt lookup.
     #[arg(long, value_name = "FILE", conflicts_with = "lookup")]
@@ -304,26 +304,24 @@ async fn serve(
     };
     // Speculative decoding: a request's prediction by prompt lookup (guesses of up to
     // DEFAULT_PREDICTION_DRAFT tokens unless `--lookup` says otherwise), else `--draft`'s model,
-    // else `--lookup`. Not with a constraint.
-    if prepared.constraint.is_none() {
-        let prediction = match &request.prediction {
-            Some(text) => Some(server.tokenizer.encode(text, false).map_err(|e| {
-                ApiError::invalid(
-                    Some("prediction"),
-                    format!("'prediction' cannot be tokenized: {e}"),
-                )
-            })?),
-            None => None,
-        };
-        options.speculation = match (prediction, server.draft_max) {
-            (Some(prediction), _) => Some(
-                lean::Speculation::lookup(server.lookup.unwrap_or(DEFAULT_PREDICTION_DRAFT))
-                    .with_prediction(prediction),
-            ),
-            (None, Some(n)) => Some(lean::Speculation::draft_model(n)),
-            (None, None) => server.lookup.map(lean::Speculation::lookup),
-        };
-    }
+    // else `--lookup`; under a constraint too (the engine cuts guesses where it refuses them).
+    let prediction = match &request.prediction {
+        Some(text) => Some(server.tokenizer.encode(text, false).map_err(|e| {
+            ApiError::invalid(
+                Some("prediction"),
+                format!("'prediction' cannot be tokenized: {e}"),
+            )
+        })?),
+        None => None,
+    };
+    options.speculation = match (prediction, server.draft_max) {
+        (Some(prediction), _) => Some(
+            lean::Speculation::lookup(server.lookup.unwrap_or(DEFAULT_PREDICTION_DRAFT))
+                .with_prediction(prediction),
+        ),
+        (None, Some(n)) => Some(lean::Speculation::draft_model(n)),
+        (None, None) => server.lookup.map(lean::Speculation::lookup),
+    };
     if request.ignore_eos {
         options.stop_token_ids = Some(Vec::new());
     }

@@ -199,6 +199,35 @@ impl GpuSession {
         Ok(ids)
     }
 
+    /// Runs `tokens` (the last generated token and the guesses after it) and leaves every one's
+    /// logits in `rows`: the verification pass of speculative sampling, and of greedy decoding
+    /// under a constraint (each row's masked argmax is taken on the host). Up to
+    /// MATVEC_MAX_TOKENS tokens are one decode-shaped pass, so each row is its decode step's,
+    /// bit for bit, as in `argmaxes`; more are prefill-shaped chunks. The caller has checked
+    /// the tokens.
+    pub(super) async fn logit_rows(&mut self, tokens: &[u32], rows: &mut Vec<f32>) -> Result<()> {
+        let n = tokens.len();
+        let vocab = self.model.config.vocab_size;
+        self.discard_ahead();
+        rows.clear();
+        if 1 < n && n <= MATVEC_MAX_TOKENS.min(self.chunk) && !verify_by_matmul() {
+            self.run_chunk(tokens, Output::Argmaxes)?;
+            let buffer = self.act.logits_all.as_ref().expect("made by run_chunk");
+            let logits = self.settle(self.ctx.read_f32(buffer, n * vocab)).await?;
+            rows.extend_from_slice(&logits);
+            return Ok(());
+        }
+        for chunk in tokens.chunks(LOGITS_CHUNK.min(self.chunk)) {
+            self.run_chunk(chunk, Output::All)?;
+            let buffer = self.act.logits_all.as_ref().expect("made by run_chunk");
+            let logits = self
+                .settle(self.ctx.read_f32(buffer, chunk.len() * vocab))
+                .await?;
+            rows.extend_from_slice(&logits);
+        }
+        Ok(())
+    }
+
     /// Submits `plan` in a command buffer of its own (profiled, and then waited for, when the
     /// session profiles).
     fn submit_plan(ctx: &GpuContext, profiler: &mut Option<Profiler>, plan: &Plan, phase: &str) {

@@ -243,6 +243,16 @@ impl Session for GpuSession {
         })
     }
 
+    #[cfg(not(target_arch = "wasm32"))]
+    fn forward_logits_all(
+        &mut self,
+        model: &Model,
+        tokens: &[u32],
+        rows: &mut Vec<f32>,
+    ) -> lean::Result<()> {
+        pollster::block_on(self.forward_logits_all_async(model, tokens, rows))
+    }
+
     fn forward_logits_all_async<'a>(
         &'a mut self,
         _model: &'a Model,
@@ -251,21 +261,10 @@ impl Session for GpuSession {
     ) -> LocalFuture<'a, lean::Result<()>> {
         let ctx = self.ctx.clone();
         Box::pin(async move {
-            self.discard_ahead();
             self.check(tokens)?;
-            let vocab = self.model.config.vocab_size;
-            rows.clear();
-            for chunk in tokens.chunks(LOGITS_CHUNK.min(self.chunk)) {
-                self.run_chunk(chunk, Output::All)
-                    .map_err(|e| to_lean(ctx.classify(e)))?;
-                let buffer = self.act.logits_all.as_ref().expect("made by run_chunk");
-                let logits = self
-                    .settle(self.ctx.read_f32(buffer, chunk.len() * vocab))
-                    .await
-                    .map_err(|e| to_lean(ctx.classify(e)))?;
-                rows.extend_from_slice(&logits);
-            }
-            Ok(())
+            self.logit_rows(tokens, rows)
+                .await
+                .map_err(|e| to_lean(ctx.classify(e)))
         })
     }
 

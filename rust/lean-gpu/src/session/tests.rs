@@ -123,12 +123,23 @@ fn a_verification_pass_equals_decode_steps_bit_for_bit() {
                             "{what}: token {t}"
                         );
                     }
-                    // What speculative decoding calls.
+                    // What speculative decoding calls: the argmaxes (greedy), the rows
+                    // (sampling, or greedy under a constraint).
                     session.truncate(prompt.len());
                     assert_eq!(
                         session.forward_argmax_all(&model, &tokens).unwrap(),
                         argmaxes
                     );
+                    session.truncate(prompt.len());
+                    let mut logit_rows = Vec::new();
+                    session
+                        .forward_logits_all(&model, &tokens, &mut logit_rows)
+                        .unwrap();
+                    let same = logit_rows
+                        .iter()
+                        .zip(&rows)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same && logit_rows.len() == rows.len(), "{what}: logit rows");
                 }
             }
         }
