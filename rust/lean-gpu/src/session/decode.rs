@@ -186,17 +186,13 @@ impl GpuSession {
                 .await?;
             return Ok(rows.iter().step_by(len).copied().collect());
         }
+        let mut rows = Vec::new();
+        self.prefill_rows(tokens, &mut rows).await?;
         let vocab = self.model.config.vocab_size;
-        let mut ids = Vec::with_capacity(n);
-        for chunk in tokens.chunks(LOGITS_CHUNK.min(self.chunk)) {
-            self.run_chunk(chunk, Output::All)?;
-            let buffer = self.act.logits_all.as_ref().expect("made by run_chunk");
-            let logits = self
-                .settle(self.ctx.read_f32(buffer, chunk.len() * vocab))
-                .await?;
-            ids.extend(logits.chunks_exact(vocab).map(lean::sampling::argmax));
-        }
-        Ok(ids)
+        Ok(rows
+            .chunks_exact(vocab)
+            .map(lean::sampling::argmax)
+            .collect())
     }
 
     /// Runs `tokens` (the last generated token and the guesses after it) and leaves every one's
@@ -217,6 +213,12 @@ impl GpuSession {
             rows.extend_from_slice(&logits);
             return Ok(());
         }
+        self.prefill_rows(tokens, rows).await
+    }
+
+    /// Every token's logits from prefill-shaped chunks (the matmuls), appended to `rows`.
+    async fn prefill_rows(&mut self, tokens: &[u32], rows: &mut Vec<f32>) -> Result<()> {
+        let vocab = self.model.config.vocab_size;
         for chunk in tokens.chunks(LOGITS_CHUNK.min(self.chunk)) {
             self.run_chunk(chunk, Output::All)?;
             let buffer = self.act.logits_all.as_ref().expect("made by run_chunk");
