@@ -457,8 +457,8 @@ impl DraftModel {
         guess
     }
 
-    /// Runs the ids past the cached prefix (at least the last one, whose logits give the first
-    /// guess) and returns the ids to run now.
+    /// Forgets what the cache holds past the prefix it shares with `ids` and returns the ids
+    /// still to run (at least the last one: its logits give the first guess).
     fn sync<'a>(&mut self, ids: &'a [u32]) -> &'a [u32] {
         if self.cached.len() != self.session.position() {
             self.cached.clear();
@@ -501,13 +501,14 @@ impl DraftModel {
         followed: &mut usize,
     ) -> Result<Vec<u32>> {
         let fresh = self.sync(ids);
-        let stop_ids = constraint.vocabulary().stop_ids().to_vec();
+        // An Arc's copy, not the ids': the loop lends the constraint to the session.
+        let vocab = constraint.vocabulary().clone();
         let mut next = self
             .session
             .forward_argmax_masked(&self.model, fresh, constraint)?;
         self.cached.extend_from_slice(fresh);
         let mut guess = Vec::with_capacity(n);
-        while let Some(id) = next.filter(|id| !stop_ids.contains(id)) {
+        while let Some(id) = next.filter(|id| !vocab.stop_ids().contains(id)) {
             guess.push(id);
             constraint.accept(id).map_err(constraint_error)?;
             *followed += 1;
