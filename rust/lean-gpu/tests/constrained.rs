@@ -136,9 +136,9 @@ fn json_schema_greedy_equals_the_cpu_reading_back_only_ids() {
     }
 }
 
-/// Speculative decoding under the schema: each verification pass is decode-shaped, its rows
-/// read back and each row's masked argmax taken against the constraint's mask for it, so the
-/// tokens are the CPU's plain constrained ones, through both loops, with guesses kept (a
+/// Speculative decoding under the schema: each verification pass is decode-shaped and each
+/// row's masked argmax is taken on the device under the constraint's mask for it (only ids come
+/// back), so the tokens are the CPU's plain constrained ones, through both loops, with guesses kept (a
 /// prediction of the reply itself) and cut (one that leaves the schema halfway).
 #[test]
 fn speculating_under_a_schema_gives_the_cpu_tokens() {
@@ -150,6 +150,7 @@ fn speculating_under_a_schema_gives_the_cpu_tokens() {
     let mut cpu = Engine::new(model, tokenizer, 512).unwrap();
     let want = cpu.generate(&prompt, &options, |_| true).unwrap();
     let (model, tokenizer) = load().unwrap();
+    let vocab = model.config.vocab_size;
     let mut engine = Engine::with_backend(model, tokenizer, 512, |model, context| {
         let session = GpuSession::new(ctx.clone(), kernels.clone(), model, context)
             .map_err(|e| lean::LeanError::Backend(e.to_string()))?;
@@ -168,10 +169,15 @@ fn speculating_under_a_schema_gives_the_cpu_tokens() {
             ..options.clone()
         };
         engine.reset_cache();
+        let before = engine.bytes_read();
         let got = engine.generate(&prompt, &options, |_| true).unwrap();
         assert_eq!(got.token_ids, want.token_ids, "GPU: {:?}", got.text);
         let stats = got.timings.speculation;
         assert!(stats.accepted > 0, "{prediction}: {stats:?}");
+        // Each pass's masked argmaxes are taken on the device: ids come back, never a row of
+        // logits.
+        let read = engine.bytes_read() - before;
+        assert!(read < 4 * vocab as u64, "{read} bytes read back");
         engine.reset_cache();
         let again = generate_async(&mut engine, &prompt, &options);
         assert_eq!(

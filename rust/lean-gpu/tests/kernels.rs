@@ -1472,14 +1472,37 @@ fn masked_argmax_equals_the_cpu() {
             ];
             all[top / 32] &= !(1 << (top % 32));
             masks.push(all);
-            for mask in masks {
-                let want = lean::sampling::argmax_masked(values, &mask).unwrap_or(NO_TOKEN);
-                let mb = ctx.upload_bytes("mask", bytemuck_u32(&mask));
+            for mask in &masks {
+                let want = lean::sampling::argmax_masked(values, mask).unwrap_or(NO_TOKEN);
+                let mb = ctx.upload_bytes("mask", bytemuck_u32(mask));
                 submit(ctx, |e| kernels.argmax_masked(ctx, e, &vb, &mb, &result, n));
                 let got = read_u32(ctx, &result, 1)[0];
                 assert_eq!(got, want, "n {n}, values {:?}..", &values[..n.min(4)]);
                 checked += 1;
             }
+            // Every mask at once, a row each (a verification pass under a constraint): the
+            // rows' values shifted so that no two rows agree by chance.
+            let rows = masks.len();
+            let mut all_values = Vec::with_capacity(rows * n);
+            for r in 0..rows {
+                let shifted = values.iter().cycle().skip(r * 7 % n).take(n);
+                all_values.extend(shifted);
+            }
+            let all_masks: Vec<u32> = masks.concat();
+            let vb = ctx.upload_f32("values", &all_values);
+            let mb = ctx.upload_bytes("masks", bytemuck_u32(&all_masks));
+            let len = argmax_masked_len(n);
+            let results = ctx.storage_f32("masked argmaxes", rows * len);
+            submit(ctx, |e| {
+                kernels.argmax_masked_rows(ctx, e, &vb, &mb, &results, n, rows)
+            });
+            let got = read_u32(ctx, &results, rows * len);
+            for (r, mask) in masks.iter().enumerate() {
+                let row = &all_values[r * n..(r + 1) * n];
+                let want = lean::sampling::argmax_masked(row, mask).unwrap_or(NO_TOKEN);
+                assert_eq!(got[r * len], want, "n {n}, row {r} of {rows}");
+            }
+            checked += rows;
         }
     }
     eprintln!("{checked} masked argmaxes equal the CPU's");

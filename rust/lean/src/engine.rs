@@ -702,6 +702,11 @@ impl Engine {
                     self.session
                         .forward_argmax_all(&self.model, &pass)
                         .map(Some)
+                } else if active.masked_argmax {
+                    let masks = &active.pass_masks;
+                    self.session
+                        .forward_argmax_all_masked(&self.model, &pass, masks)
+                        .and_then(allowed_tokens)
                 } else {
                     let rows = &mut active.pass_logits;
                     self.session
@@ -776,10 +781,10 @@ impl Engine {
     }
 
     /// Books a verification pass over `pass` (the last token, then the guess), given the
-    /// model's argmaxes for its rows (greedy), or `None` when its logits are in
-    /// `active.pass_logits` (sampling): the guess's accepted prefix stays in the cache and comes
-    /// out of the next steps, followed by the token the model chose after it; the rest of the
-    /// pass is rolled back.
+    /// model's argmaxes for its rows (greedy; under a constraint, each row's masked argmax), or
+    /// `None` when its logits are in `active.pass_logits` (sampling): the guess's accepted
+    /// prefix stays in the cache and comes out of the next steps, followed by the token the
+    /// model chose after it; the rest of the pass is rolled back.
     fn settle_verification(
         &mut self,
         active: &mut ActiveGeneration,
@@ -790,10 +795,6 @@ impl Engine {
         let draft = &pass[1..];
         let decided = match verified? {
             Some(argmaxes) => argmaxes[..=accepted_prefix(draft, &argmaxes)].to_vec(),
-            None if active.masked_argmax => {
-                let argmaxes = self.masked_argmaxes(active)?;
-                argmaxes[..=accepted_prefix(draft, &argmaxes)].to_vec()
-            }
             None => {
                 if active.constraint.is_some() {
                     self.mask_pass(active);
@@ -815,19 +816,6 @@ impl Engine {
         drafter.record(draft.len(), accepted, seconds);
         active.timings.speculation = drafter.stats;
         Ok(())
-    }
-
-    /// Greedy under a constraint: each row's argmax over the tokens its mask allows, as a plain
-    /// constrained step takes it (`argmax_masked`: the first on ties).
-    fn masked_argmaxes(&self, active: &ActiveGeneration) -> Result<Vec<u32>> {
-        let vocab = self.model.config.vocab_size;
-        let rows = active.pass_logits.chunks_exact(vocab);
-        let masks = active
-            .pass_masks
-            .chunks_exact(lean_constraint::mask_words(vocab));
-        rows.zip(masks)
-            .map(|(row, mask)| allowed_token(crate::sampling::argmax_masked(row, mask)))
-            .collect()
     }
 
     /// Sampling under a constraint: each row of the pass keeps only the tokens its mask allows,
@@ -905,6 +893,12 @@ impl Engine {
                 let verified = if active.argmax_only {
                     let argmaxes = self.session.forward_argmax_all_async(&self.model, &pass);
                     argmaxes.await.map(Some)
+                } else if active.masked_argmax {
+                    let masks = &active.pass_masks;
+                    let argmaxes =
+                        self.session
+                            .forward_argmax_all_masked_async(&self.model, &pass, masks);
+                    argmaxes.await.and_then(allowed_tokens)
                 } else {
                     let rows = &mut active.pass_logits;
                     let logits = self
@@ -1198,6 +1192,15 @@ impl TokenMask for Constraint {
     fn allowed(&mut self) -> Result<&[u32]> {
         self.mask().map_err(constraint_error)
     }
+}
+
+/// A constrained verification pass's masked argmaxes (see `allowed_token`), for
+/// `settle_verification`.
+fn allowed_tokens(ids: Vec<Option<u32>>) -> Result<Option<Vec<u32>>> {
+    ids.into_iter()
+        .map(allowed_token)
+        .collect::<Result<_>>()
+        .map(Some)
 }
 
 /// The id a masked argmax chose; none allowed (a mask of ids the logits do not have: the

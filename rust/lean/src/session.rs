@@ -125,6 +125,37 @@ pub trait Session: MaybeSend {
         Ok(ids)
     }
 
+    /// Greedy decoding's verification pass under a constraint: runs `tokens` and returns each
+    /// token's argmax among the tokens its own mask allows (`masks`: one mask of
+    /// `lean_constraint::mask_words(vocab)` words per token, one after another;
+    /// `sampling::argmax_masked`, `None` where none is allowed). A GPU backend overrides it to
+    /// take the masked argmaxes on the device.
+    fn forward_argmax_all_masked(
+        &mut self,
+        model: &Model,
+        tokens: &[u32],
+        masks: &[u32],
+    ) -> Result<Vec<Option<u32>>> {
+        let words = lean_constraint::mask_words(model.config.vocab_size);
+        check_masks(masks.len(), tokens.len(), words)?;
+        let mut ids = vec![None; tokens.len()];
+        self.forward(model, tokens, Logits::All, &mut |i, l| {
+            ids[i] = argmax_masked(l, &masks[i * words..(i + 1) * words])
+        })?;
+        Ok(ids)
+    }
+
+    /// `forward_argmax_all_masked` without blocking (see `forward_last_async`).
+    fn forward_argmax_all_masked_async<'a>(
+        &'a mut self,
+        model: &'a Model,
+        tokens: &'a [u32],
+        masks: &'a [u32],
+    ) -> LocalFuture<'a, Result<Vec<Option<u32>>>> {
+        let result = self.forward_argmax_all_masked(model, tokens, masks);
+        Box::pin(std::future::ready(result))
+    }
+
     /// Runs `tokens` and leaves every token's logits in `rows`, one row after another (speculative
     /// sampling's verification pass).
     fn forward_logits_all(
@@ -214,4 +245,14 @@ pub trait Session: MaybeSend {
         let result = self.forward_last(model, tokens, argmax_only, logits);
         Box::pin(std::future::ready(result))
     }
+}
+
+/// A verification pass under a constraint needs a mask of `words` words per token.
+pub fn check_masks(len: usize, tokens: usize, words: usize) -> Result<()> {
+    if len == tokens * words {
+        return Ok(());
+    }
+    Err(crate::error::LeanError::InvalidArgument(format!(
+        "{len} mask words for {tokens} tokens: a mask of {words} words a token"
+    )))
 }

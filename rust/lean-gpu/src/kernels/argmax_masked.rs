@@ -1,6 +1,7 @@
 //! Greedy decoding under a constraint on the device: the index of the largest logit among the
 //! tokens a bitset allows (argmax_masked.wgsl, two passes), so that a constrained token reads
-//! back 4 bytes, not the logits.
+//! back 4 bytes, not the logits; for several rows, each with its own mask, a verification pass
+//! under a constraint.
 use super::wgsl::{self, Consts};
 use super::{check_len, module, pipeline_of, u32_arg, Kernels};
 use crate::context::GpuContext;
@@ -33,7 +34,8 @@ pub fn mask_words(n: usize) -> usize {
 struct CountParams {
     n: u32,
     spans: u32,
-    pad: [u32; 2],
+    rows: u32,
+    pad: u32,
 }
 
 /// argmax_masked.wgsl's two passes: the best allowed value per span, then of the spans.
@@ -71,26 +73,46 @@ impl Kernels {
         result: &wgpu::Buffer,
         n: usize,
     ) -> Result<()> {
-        if n == 0 {
-            return Err(GpuError::Shape("masked argmax of no values".into()));
+        self.argmax_masked_rows(ctx, plan, values, mask, result, n, 1)
+    }
+
+    /// `argmax_masked` of each of `rows` rows of n values, each under its own mask: row r's
+    /// values from value r × n, its mask from word r × `mask_words(n)`, its index at
+    /// result[r × argmax_masked_len(n)]; `result` holds rows × `argmax_masked_len(n)` u32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn argmax_masked_rows(
+        &self,
+        ctx: &GpuContext,
+        plan: &mut Plan,
+        values: &wgpu::Buffer,
+        masks: &wgpu::Buffer,
+        result: &wgpu::Buffer,
+        n: usize,
+        rows: usize,
+    ) -> Result<()> {
+        if n == 0 || rows == 0 {
+            return Err(GpuError::Shape(format!(
+                "masked argmax of {rows} rows of {n} values"
+            )));
         }
-        check_len("masked argmax values", values, n)?;
-        check_len("masked argmax mask", mask, mask_words(n))?;
-        check_len("masked argmax result", result, argmax_masked_len(n))?;
+        check_len("masked argmax values", values, rows * n)?;
+        check_len("masked argmax mask", masks, rows * mask_words(n))?;
+        check_len("masked argmax result", result, rows * argmax_masked_len(n))?;
         let spans = n.div_ceil(SPAN);
         let params = CountParams {
             n: u32_arg("n", n)?,
             spans: u32_arg("spans", spans)?,
-            pad: [0; 2],
+            rows: u32_arg("rows", rows)?,
+            pad: 0,
         };
-        let groups = u32_arg("masked argmax spans", spans)?;
+        let groups = u32_arg("masked argmax spans", rows * spans)?;
         Self::dispatch(
             ctx,
             plan,
             "argmax_masked spans".into(),
             &self.argmax_masked.spans,
             &params,
-            &[values, mask, result],
+            &[values, masks, result],
             groups,
         )?;
         Self::dispatch(
@@ -100,7 +122,7 @@ impl Kernels {
             &self.argmax_masked.last,
             &params,
             &[result],
-            1,
+            u32_arg("masked argmax rows", rows)?,
         )
     }
 }

@@ -5,7 +5,7 @@
 use super::{to_lean, GpuSession, Output, LOGITS_CHUNK};
 use crate::context::{GpuContext, MapRequest};
 use crate::error::{GpuError, Result};
-use crate::kernels::{argmax_len, mask_words, MATVEC_MAX_TOKENS, NO_TOKEN};
+use crate::kernels::{argmax_len, argmax_masked_len, mask_words, MATVEC_MAX_TOKENS, NO_TOKEN};
 use crate::plan::Plan;
 use crate::profile::Profiler;
 use lean::{LeanError, TokenMask};
@@ -214,6 +214,56 @@ impl GpuSession {
             return Ok(());
         }
         self.prefill_rows(tokens, rows).await
+    }
+
+    /// Runs `tokens` (the last generated token and the guesses after it) and returns each one's
+    /// argmax among the tokens its mask allows (`masks`: a row of `mask_words(vocab)` words per
+    /// token; `None` where none is allowed): the verification pass of greedy decoding under a
+    /// constraint. Up to MATVEC_MAX_TOKENS tokens are the decode-shaped pass of `argmaxes`, the
+    /// masks uploaded and each row's masked argmax taken on the device (argmax_masked.wgsl, a
+    /// row per token), so only the ids come back; more take every row's logits to the host. The
+    /// caller has checked the tokens.
+    pub(super) async fn masked_argmaxes(
+        &mut self,
+        tokens: &[u32],
+        masks: &[u32],
+    ) -> Result<Vec<Option<u32>>> {
+        let n = tokens.len();
+        let vocab = self.model.config.vocab_size;
+        let words = mask_words(vocab);
+        if masks.len() != n * words {
+            return Err(GpuError::Shape(format!(
+                "{} mask words for {n} tokens of a {vocab}-token vocabulary (want {})",
+                masks.len(),
+                n * words
+            )));
+        }
+        if n == 1 || n > MATVEC_MAX_TOKENS.min(self.chunk) || verify_by_matmul() {
+            let mut rows = Vec::new();
+            self.logit_rows(tokens, &mut rows).await?;
+            let rows = rows.chunks_exact(vocab).zip(masks.chunks_exact(words));
+            return Ok(rows
+                .map(|(row, mask)| lean::sampling::argmax_masked(row, mask))
+                .collect());
+        }
+        self.discard_ahead();
+        self.run_chunk(tokens, Output::Argmaxes)?;
+        self.ctx
+            .queue
+            .write_buffer(&self.act.mask, 0, bytemuck::cast_slice(masks));
+        let mut plan = Plan::new();
+        let logits = self.act.logits_all.as_ref().expect("made by run_chunk");
+        let (mask, result) = (&self.act.mask, &self.act.argmax_masked);
+        self.kernels
+            .argmax_masked_rows(&self.ctx, &mut plan, logits, mask, result, vocab, n)?;
+        Self::submit_plan(&self.ctx, &mut self.profiler, &plan, "masked argmaxes");
+        let len = argmax_masked_len(vocab);
+        let rows = self.settle(self.ctx.read_u32(result, n * len)).await?;
+        Ok(rows
+            .iter()
+            .step_by(len)
+            .map(|&id| (id != NO_TOKEN).then_some(id))
+            .collect())
     }
 
     /// Every token's logits from prefill-shaped chunks (the matmuls), appended to `rows`.

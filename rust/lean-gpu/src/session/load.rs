@@ -77,7 +77,8 @@ pub(super) struct Activations {
     pub(super) logits_all: Option<wgpu::Buffer>,
     pub(super) argmax: wgpu::Buffer,
     /// A constrained step's allowed tokens (a bitset over the vocabulary), uploaded per step,
-    /// and the masked argmax's result (then its first pass's scratch).
+    /// and the masked argmax's result (then its first pass's scratch); a row of each per token
+    /// of a verification pass under a constraint.
     pub(super) mask: wgpu::Buffer,
     pub(super) argmax_masked: wgpu::Buffer,
 }
@@ -303,10 +304,14 @@ impl GpuSession {
                 "argmax",
                 crate::kernels::MATVEC_MAX_TOKENS * crate::kernels::argmax_len(c.vocab_size),
             ),
-            mask: ctx.storage_f32("token mask", crate::kernels::mask_words(c.vocab_size)),
+            // a row per token of a verification pass under a constraint
+            mask: ctx.storage_f32(
+                "token mask",
+                crate::kernels::MATVEC_MAX_TOKENS * crate::kernels::mask_words(c.vocab_size),
+            ),
             argmax_masked: ctx.storage_f32(
                 "masked argmax",
-                crate::kernels::argmax_masked_len(c.vocab_size),
+                crate::kernels::MATVEC_MAX_TOKENS * crate::kernels::argmax_masked_len(c.vocab_size),
             ),
         };
         if let Some(e) = scope.pop().await {

@@ -244,6 +244,31 @@ impl Session for GpuSession {
     }
 
     #[cfg(not(target_arch = "wasm32"))]
+    fn forward_argmax_all_masked(
+        &mut self,
+        model: &Model,
+        tokens: &[u32],
+        masks: &[u32],
+    ) -> lean::Result<Vec<Option<u32>>> {
+        pollster::block_on(self.forward_argmax_all_masked_async(model, tokens, masks))
+    }
+
+    fn forward_argmax_all_masked_async<'a>(
+        &'a mut self,
+        _model: &'a Model,
+        tokens: &'a [u32],
+        masks: &'a [u32],
+    ) -> LocalFuture<'a, lean::Result<Vec<Option<u32>>>> {
+        let ctx = self.ctx.clone();
+        Box::pin(async move {
+            self.check(tokens)?;
+            self.masked_argmaxes(tokens, masks)
+                .await
+                .map_err(|e| to_lean(ctx.classify(e)))
+        })
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
     fn forward_logits_all(
         &mut self,
         model: &Model,

@@ -140,6 +140,28 @@ fn a_verification_pass_equals_decode_steps_bit_for_bit() {
                         .zip(&rows)
                         .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same && logit_rows.len() == rows.len(), "{what}: logit rows");
+                    // Under a constraint: each row's masked argmax on the device, a mask per
+                    // row (every k-th token for row k, none for the second row).
+                    let words = crate::kernels::mask_words(vocab as usize);
+                    let masks: Vec<u32> = (0..n)
+                        .flat_map(|t| {
+                            (0..words as u32).map(move |w| match t {
+                                1 => 0,
+                                _ => (0..32)
+                                    .filter(|b| (w * 32 + b) % (t as u32 + 1) == 0)
+                                    .fold(0, |m, b| m | 1 << b),
+                            })
+                        })
+                        .collect();
+                    session.truncate(prompt.len());
+                    let masked = session
+                        .forward_argmax_all_masked(&model, &tokens, &masks)
+                        .unwrap();
+                    for (t, want) in alone.iter().enumerate() {
+                        let mask = &masks[t * words..(t + 1) * words];
+                        let expected = lean::sampling::argmax_masked(want, mask);
+                        assert_eq!(masked[t], expected, "{what}: token {t} under its mask");
+                    }
                 }
             }
         }

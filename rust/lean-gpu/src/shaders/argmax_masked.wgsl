@@ -6,16 +6,20 @@
 // writes its index to best[0]. Both entry points use binding 1 for a different buffer (values,
 // best). No subgroup operations (a browser's WebGPU may have none).
 //
+// Several rows (a verification pass under a constraint: a row of logits and a mask per token)
+// take a workgroup per (row, span) and one per row: row r's values start at r * n, its mask at
+// r * ceil(n / 32), its results at r * (1 + 2 * spans) (the same layout per row).
+//
 // Values are compared as u32 keys that order like the floats (so the comparison is exact on
 // every device, subnormals included): a NaN is -inf's key, -0.0 is 0.0's. "Better" is a larger
 // key, or the same key at a lower index: a total order, so the reduction's shape does not
 // change the result. Every key (even -inf's) is above 0, the key of "no token yet".
 
 struct Params {
-    n: u32,     // values
+    n: u32,     // values a row
     spans: u32, // ceil(n / SPAN)
+    rows: u32,
     _pad0: u32,
-    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -72,17 +76,21 @@ fn spans(
     @builtin(local_invocation_index) lid: u32,
 ) {
     // A dispatch past the per-dimension limit is spread over rows (kernels/mod.rs: dispatch);
-    // the extra groups of its last row have no span (uniform: the whole group skips the loop).
+    // its extra groups have no span (uniform: the whole group skips the loop and the write).
     let g = wid.x + wid.y * groups.x;
-    let first = g * SPAN;
-    let end = min(p.n, first + SPAN);
+    let row = g / p.spans;
+    let span = g % p.spans;
+    let row_values = row * p.n;
+    let row_mask = row * ((p.n + 31u) / 32u);
+    let first = span * SPAN;
+    let end = select(0u, min(p.n, first + SPAN), row < p.rows);
     var bk = 0u;
     var bi = NONE;
     // Each thread scans its indices in increasing order, so `>` keeps its first best; the
     // logits of disallowed tokens are never read.
     for (var i = first + lid; i < end; i += WORKGROUP) {
-        if (((mask[i >> 5u] >> (i & 31u)) & 1u) != 0u) {
-            let k = key_of(values[i]);
+        if (((mask[row_mask + (i >> 5u)] >> (i & 31u)) & 1u) != 0u) {
+            let k = key_of(values[row_values + i]);
             if (k > bk) {
                 bk = k;
                 bi = i;
@@ -92,28 +100,37 @@ fn spans(
     best_key[lid] = bk;
     best_index[lid] = bi;
     reduce(lid);
-    if (lid == 0u && g < p.spans) {
-        spans_best[1u + 2u * g] = best_key[0];
-        spans_best[2u + 2u * g] = best_index[0];
+    if (lid == 0u && row < p.rows) {
+        let out = row * (1u + 2u * p.spans);
+        spans_best[out + 1u + 2u * span] = best_key[0];
+        spans_best[out + 2u + 2u * span] = best_index[0];
     }
 }
 
 @compute @workgroup_size(WORKGROUP)
-fn main(@builtin(local_invocation_index) lid: u32) {
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    // a workgroup per row (uniform: a group past the last skips the loop and the write)
+    let row = wid.x + wid.y * groups.x;
+    let out = row * (1u + 2u * p.spans);
+    let spans = select(0u, p.spans, row < p.rows);
     var bk = 0u;
     var bi = NONE;
     // Spans in increasing order: `>` keeps the first best.
-    for (var g = lid; g < p.spans; g += WORKGROUP) {
-        let k = best[1u + 2u * g];
+    for (var g = lid; g < spans; g += WORKGROUP) {
+        let k = best[out + 1u + 2u * g];
         if (k > bk) {
             bk = k;
-            bi = best[2u + 2u * g];
+            bi = best[out + 2u + 2u * g];
         }
     }
     best_key[lid] = bk;
     best_index[lid] = bi;
     reduce(lid);
-    if (lid == 0u) {
-        best[0] = best_index[0];
+    if (lid == 0u && row < p.rows) {
+        best[out] = best_index[0];
     }
 }
