@@ -56,6 +56,19 @@ fn person(max_tokens: usize) -> (Prompt, GenerateOptions) {
     (prompt, options)
 }
 
+/// The test model on the GPU, and its vocabulary size.
+fn gpu_engine(ctx: &Arc<GpuContext>, kernels: &Arc<Kernels>) -> (Engine, usize) {
+    let (model, tokenizer) = load().unwrap();
+    let vocab = model.config.vocab_size;
+    let engine = Engine::with_backend(model, tokenizer, 512, |model, context| {
+        let session = GpuSession::new(ctx.clone(), kernels.clone(), model, context)
+            .map_err(|e| lean::LeanError::Backend(e.to_string()))?;
+        Ok(Box::new(session) as Box<dyn Session>)
+    })
+    .unwrap();
+    (engine, vocab)
+}
+
 /// `generate` through `begin_async` / `step_async` / `finish` (the browser's loop).
 fn generate_async(engine: &mut Engine, prompt: &Prompt, options: &GenerateOptions) -> Generation {
     pollster::block_on(async {
@@ -82,14 +95,7 @@ fn json_schema_greedy_equals_the_cpu_reading_back_only_ids() {
     eprintln!("CPU: {:?} ({:?})", want.text, want.finish_reason);
     assert!(want.token_ids.len() >= 8 && want.text.starts_with('{'));
 
-    let (model, tokenizer) = load().unwrap();
-    let vocab = model.config.vocab_size;
-    let mut engine = Engine::with_backend(model, tokenizer, 512, |model, context| {
-        let session = GpuSession::new(ctx.clone(), kernels.clone(), model, context)
-            .map_err(|e| lean::LeanError::Backend(e.to_string()))?;
-        Ok(Box::new(session) as Box<dyn Session>)
-    })
-    .unwrap();
+    let (mut engine, vocab) = gpu_engine(&ctx, &kernels);
     assert_eq!(engine.bytes_read(), 0);
     let got = engine.generate(&prompt, &options, |_| true).unwrap();
     assert_eq!(got.token_ids, want.token_ids, "GPU: {:?}", got.text);
@@ -138,8 +144,8 @@ fn json_schema_greedy_equals_the_cpu_reading_back_only_ids() {
 
 /// Speculative decoding under the schema: each verification pass is decode-shaped and each
 /// row's masked argmax is taken on the device under the constraint's mask for it (only ids come
-/// back), so the tokens are the CPU's plain constrained ones, through both loops, with guesses kept (a
-/// prediction of the reply itself) and cut (one that leaves the schema halfway).
+/// back), so the tokens are the CPU's plain constrained ones, through both loops, with guesses
+/// kept (a prediction of the reply itself) and cut (one that leaves the schema halfway).
 #[test]
 fn speculating_under_a_schema_gives_the_cpu_tokens() {
     let Some((ctx, kernels)) = gpu() else { return };
@@ -149,14 +155,7 @@ fn speculating_under_a_schema_gives_the_cpu_tokens() {
     let (prompt, options) = person(24);
     let mut cpu = Engine::new(model, tokenizer, 512).unwrap();
     let want = cpu.generate(&prompt, &options, |_| true).unwrap();
-    let (model, tokenizer) = load().unwrap();
-    let vocab = model.config.vocab_size;
-    let mut engine = Engine::with_backend(model, tokenizer, 512, |model, context| {
-        let session = GpuSession::new(ctx.clone(), kernels.clone(), model, context)
-            .map_err(|e| lean::LeanError::Backend(e.to_string()))?;
-        Ok(Box::new(session) as Box<dyn Session>)
-    })
-    .unwrap();
+    let (mut engine, vocab) = gpu_engine(&ctx, &kernels);
     let text = &want.text;
     let broken = format!("{}x}}]] nonsense", &text[..text.len() / 2]);
     for prediction in [text.as_str(), broken.as_str()] {
