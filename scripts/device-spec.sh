@@ -29,7 +29,7 @@
 #   scripts/device-spec.sh run-llama   there, instead of `run`: lean against llama.cpp (its Vulkan
 #                                 build, brought by `LLAMA_VULKAN_BIN=DIR prepare`) on the GPU:
 #                                 scripts/bench-spec-vs-llama-cpp.sh with BACKEND=gpu (prompt
-#                                 lookup on the three tasks, 16 threads, 2 rounds x 3 reps; table
+#                                 lookup on the four tasks, 16 threads, 2 rounds x 3 reps; table
 #                                 into $OUT/spec-vs-llama-cpp.md, rows into .json), then plain
 #                                 prefill 512 + decode 128, `llama-bench -ngl 99` against
 #                                 `lean-cli bench --backend gpu`, per model ($OUT/decode-*.json)
@@ -154,7 +154,7 @@ run_there() {
     done
 
     # Plain vs prompt lookup (vs a draft model: SmolLM2's Q4_0 file for its Q8_0 file) on the
-    # three tasks, on the GPU and on the CPU's 16 cores.
+    # four tasks (extract under a JSON schema), on the GPU and on the CPU's 16 cores.
     for m in $names_there; do
         local draft=()
         [ "$m" = smollm2-135m-instruct-q8_0.gguf ] && [ -f "$LEAN_MODELS/smollm2-135m-instruct-q4_0.gguf" ] &&
