@@ -222,7 +222,7 @@ impl GpuSession {
     /// constraint. Up to MATVEC_MAX_TOKENS tokens are the decode-shaped pass of `argmaxes`, the
     /// masks uploaded and each row's masked argmax taken on the device (argmax_masked.wgsl, a
     /// row per token), so only the ids come back; more take every row's logits to the host. The
-    /// caller has checked the tokens.
+    /// caller has checked the tokens and the masks' length (`lean::session::check_masks`).
     pub(super) async fn masked_argmaxes(
         &mut self,
         tokens: &[u32],
@@ -231,13 +231,6 @@ impl GpuSession {
         let n = tokens.len();
         let vocab = self.model.config.vocab_size;
         let words = mask_words(vocab);
-        if masks.len() != n * words {
-            return Err(GpuError::Shape(format!(
-                "{} mask words for {n} tokens of a {vocab}-token vocabulary (want {})",
-                masks.len(),
-                n * words
-            )));
-        }
         if n == 1 || n > MATVEC_MAX_TOKENS.min(self.chunk) || verify_by_matmul() {
             let mut rows = Vec::new();
             self.logit_rows(tokens, &mut rows).await?;

@@ -262,6 +262,8 @@ impl Session for GpuSession {
         let ctx = self.ctx.clone();
         Box::pin(async move {
             self.check(tokens)?;
+            let words = crate::kernels::mask_words(self.model.config.vocab_size);
+            lean::session::check_masks(masks.len(), tokens.len(), words)?;
             self.masked_argmaxes(tokens, masks)
                 .await
                 .map_err(|e| to_lean(ctx.classify(e)))
